@@ -1,0 +1,347 @@
+"""One configuration tree: dataclass sections, TOML files, dotted command-line overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+
+def _doc(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Where the run lives and how it starts."""
+
+    name: str = _doc("", "run name; the directory is <dir>/<name> (default: the script's name)")
+    dir: str = _doc("runs", "parent directory of run directories")
+    seed: int = _doc(0, "seed of the sample order and of every RNG (per rank, per step)")
+    resume: Literal["auto", "never", "require"] = _doc(
+        "auto", "auto: continue from the latest good checkpoint if any; never: refuse a run "
+        "directory that holds checkpoints; require: fail if there is none"
+    )
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The training math: same at every process count."""
+
+    steps: int = _doc(1000, "optimizer steps to train")
+    global_batch: int = _doc(128, "samples per optimizer step, summed over all processes")
+    micro_batch: int = _doc(
+        0, "samples per forward/backward on one process (0: global_batch / world size)"
+    )
+    grad_clip: float = _doc(0.0, "clip the global gradient norm to this value (0: off)")
+    eval_every: int = _doc(0, "evaluate every N steps (0: only at the end)")
+    eval_batch: int = _doc(256, "samples per evaluation batch on one process")
+    target: str = _doc(
+        "", "time-to-target goal, 'metric>=value' or 'metric<=value', e.g. 'accuracy>=0.97'"
+    )
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """The input pipeline."""
+
+    workers: int = _doc(0, "DataLoader worker processes per rank")
+    pin_memory: bool = _doc(True, "pin host memory of batches when training on CUDA")
+    prefetch: int = _doc(2, "batches each DataLoader worker loads ahead")
+
+
+@dataclass(kw_only=True)
+class PlanConfig:
+    """How the model is spread over processes."""
+
+    strategy: Literal["auto", "single", "ddp"] = _doc(
+        "auto", "auto: no wrapper for one process, DDP for more; single; ddp"
+    )
+    bucket_mb: float = _doc(25.0, "DDP gradient bucket size in MiB")
+    static_graph: bool = _doc(False, "DDP static_graph (the same parameters are used every step)")
+    find_unused: bool = _doc(False, "DDP find_unused_parameters (some parameters get no gradient)")
+    backend: Literal["auto", "gloo", "nccl"] = _doc(
+        "auto", "process-group backend (auto: nccl on CUDA, gloo on CPU)"
+    )
+    device: Literal["auto", "cpu", "cuda"] = _doc("auto", "device (auto: cuda when available)")
+    timeout_s: float = _doc(300.0, "collective timeout in seconds")
+
+
+@dataclass(kw_only=True)
+class PrecisionConfig:
+    """Numerics of forward and backward."""
+
+    mode: Literal["fp32", "bf16", "fp16"] = _doc(
+        "fp32", "fp32; bf16 autocast; fp16 autocast with dynamic loss scaling"
+    )
+    init_scale: float = _doc(65536.0, "fp16: initial loss scale")
+    growth_interval: int = _doc(2000, "fp16: steps without overflow before the scale grows")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """Learning-rate schedule and scaling (the optimizer itself comes from the Task)."""
+
+    schedule: Literal["constant", "warmup_cosine", "onecycle"] = _doc(
+        "constant", "multiplier of the optimizer's lr over the steps"
+    )
+    warmup_steps: int = _doc(0, "linear warm-up steps (warmup_cosine)")
+    min_lr_ratio: float = _doc(0.0, "final lr as a fraction of the peak (warmup_cosine, onecycle)")
+    pct_start: float = _doc(0.3, "fraction of steps spent rising (onecycle)")
+    lr_scaling: Literal["none", "linear", "sqrt"] = _doc(
+        "none", "scale the lr with global_batch / reference_batch"
+    )
+    reference_batch: int = _doc(0, "batch size the optimizer's lr was tuned for (lr_scaling)")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """When state is committed to disk."""
+
+    every: int = _doc(0, "checkpoint every N steps (0: only at the end)")
+    keep: int = _doc(2, "committed checkpoints to keep (0: all)")
+    at_end: bool = _doc(True, "checkpoint after the last step")
+
+
+@dataclass(kw_only=True)
+class MonitorConfig:
+    """What the run shows and records."""
+
+    log_every: int = _doc(10, "record loss and throughput every N steps")
+    progress: Literal["auto", "bar", "log", "off"] = _doc(
+        "auto", "rank 0 progress: a live bar (terminals), log lines, or nothing"
+    )
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Every setting of a run."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """The config as plain nested dicts (for JSON and TOML)."""
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """The config as a TOML document that `load` reads back."""
+        lines: list[str] = []
+        for section, values in self.to_dict().items():
+            lines.append(f"[{section}]")
+            lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+            lines.append("")
+        return "\n".join(lines)
+
+
+# Bounds that a type alone cannot say: field -> (minimum, human description).
+_MINIMUM: dict[str, tuple[float, str]] = {
+    "train.steps": (1, "an integer >= 1"),
+    "train.global_batch": (1, "an integer >= 1"),
+    "train.micro_batch": (0, "an integer >= 0"),
+    "train.grad_clip": (0, "a number >= 0"),
+    "train.eval_every": (0, "an integer >= 0"),
+    "train.eval_batch": (1, "an integer >= 1"),
+    "data.workers": (0, "an integer >= 0"),
+    "data.prefetch": (1, "an integer >= 1"),
+    "plan.bucket_mb": (0.001, "a number > 0"),
+    "plan.timeout_s": (1, "a number >= 1"),
+    "precision.init_scale": (1, "a number >= 1"),
+    "precision.growth_interval": (1, "an integer >= 1"),
+    "optim.warmup_steps": (0, "an integer >= 0"),
+    "optim.min_lr_ratio": (0, "a number in [0, 1]"),
+    "optim.pct_start": (0, "a number in (0, 1)"),
+    "optim.reference_batch": (0, "an integer >= 0"),
+    "checkpoint.every": (0, "an integer >= 0"),
+    "checkpoint.keep": (0, "an integer >= 0"),
+    "monitor.log_every": (1, "an integer >= 1"),
+}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def sections() -> dict[str, type]:
+    """Section name -> dataclass type, in declaration order."""
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Config)}
+
+
+def _field_types(section_type: type) -> dict[str, Any]:
+    return typing.get_type_hints(section_type)
+
+
+def _coerce(path: str, value: Any, kind: Any) -> Any:
+    """Convert a TOML or command-line value to the field's type, or raise ValueError."""
+    if typing.get_origin(kind) is Literal:
+        allowed = typing.get_args(kind)
+        if value not in allowed:
+            raise ValueError(f"{path}: {value!r} is not allowed; choose one of {list(allowed)}")
+        return value
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{path}: {value!r} is not a boolean; use true or false")
+    if kind is int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(f"{path}: {value!r} is not an integer")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: {value!r} is not an integer") from None
+    if kind is float:
+        if isinstance(value, bool):
+            raise ValueError(f"{path}: {value!r} is not a number")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}: {value!r} is not a number") from None
+    if kind is str:
+        return str(value)
+    raise AssertionError(f"unsupported field type {kind!r} for {path}")
+
+
+def _set(config: Config, path: str, value: Any) -> None:
+    parts = path.split(".")
+    known = sections()
+    if len(parts) != 2 or parts[0] not in known:
+        raise ValueError(
+            f"unknown config key {path!r}; keys are <section>.<field> with sections {list(known)}"
+        )
+    section, name = parts
+    types_ = _field_types(known[section])
+    if name not in types_:
+        raise ValueError(
+            f"unknown config key {path!r}; fields of [{section}] are {list(types_)}"
+        )
+    setattr(getattr(config, section), name, _coerce(path, value, types_[name]))
+
+
+def validate(config: Config) -> Config:
+    """Check every value against its bounds; raise ValueError naming the first bad field."""
+    for path, (minimum, allowed) in _MINIMUM.items():
+        section, name = path.split(".")
+        value = getattr(getattr(config, section), name)
+        if value < minimum:
+            raise ValueError(f"{path}: {value!r} is out of range; expected {allowed}")
+    if config.optim.min_lr_ratio > 1:
+        raise ValueError(f"optim.min_lr_ratio: {config.optim.min_lr_ratio} must be <= 1")
+    if not 0 < config.optim.pct_start < 1:
+        raise ValueError(f"optim.pct_start: {config.optim.pct_start} must be in (0, 1)")
+    if config.optim.lr_scaling != "none" and config.optim.reference_batch <= 0:
+        raise ValueError(
+            f"optim.reference_batch must be > 0 when optim.lr_scaling is "
+            f"{config.optim.lr_scaling!r}: it is the batch the base lr was tuned for"
+        )
+    if config.optim.warmup_steps > config.train.steps:
+        raise ValueError(
+            f"optim.warmup_steps: {config.optim.warmup_steps} exceeds train.steps "
+            f"({config.train.steps})"
+        )
+    if config.train.target:
+        parse_target(config.train.target)
+    if config.run.name and ("/" in config.run.name or config.run.name in (".", "..")):
+        raise ValueError(f"run.name: {config.run.name!r} must be a plain name without '/'")
+    return config
+
+
+def parse_target(text: str) -> tuple[str, str, float]:
+    """Parse 'metric>=value' or 'metric<=value' into (metric, op, value)."""
+    for op in (">=", "<="):
+        if op in text:
+            metric, _, value = text.partition(op)
+            try:
+                return metric.strip(), op, float(value)
+            except ValueError:
+                break
+    raise ValueError(
+        f"train.target: {text!r} is not a goal; write 'metric>=value' or 'metric<=value', "
+        "e.g. 'accuracy>=0.97' or 'loss<=1.2'"
+    )
+
+
+def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Build a validated Config from an optional TOML file, then dotted overrides."""
+    config = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        with path.open("rb") as handle:
+            try:
+                document = tomllib.load(handle)
+            except tomllib.TOMLDecodeError as err:
+                raise ValueError(f"config file {str(path)!r} is not valid TOML: {err}") from None
+        for section, values in document.items():
+            if not isinstance(values, dict):
+                raise ValueError(f"{path}: top-level key {section!r} must be a [section] table")
+            for name, value in values.items():
+                _set(config, f"{section}.{name}", value)
+    for key, value in (overrides or {}).items():
+        _set(config, key, value)
+    return validate(config)
+
+
+def parse_args(argv: list[str]) -> tuple[str | None, dict[str, str], bool]:
+    """Split `--config FILE`, `--section.field VALUE` (or `=VALUE`) and `--help` out of argv."""
+    config_path: str | None = None
+    overrides: dict[str, str] = {}
+    want_help = False
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            want_help = True
+            i += 1
+            continue
+        if not arg.startswith("--"):
+            raise ValueError(f"unexpected argument {arg!r}; use --config FILE or --section.field V")
+        key, eq, value = arg[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise ValueError(f"option {arg!r} needs a value")
+            value = argv[i + 1]
+            i += 1
+        if key == "config":
+            config_path = value
+        else:
+            overrides[key] = value
+        i += 1
+    return config_path, overrides, want_help
+
+
+def reference() -> str:
+    """A readable list of every config field, its default and what it does."""
+    lines = ["Options (TOML [section] key = value, or --section.key VALUE):", ""]
+    for section, kind in sections().items():
+        lines.append(f"[{section}]  {kind.__doc__}")
+        hints = _field_types(kind)
+        for f in dataclasses.fields(kind):
+            choices = typing.get_args(hints[f.name])
+            shown = "|".join(choices) if typing.get_origin(hints[f.name]) is Literal else None
+            kind_name = shown or getattr(hints[f.name], "__name__", str(hints[f.name]))
+            default = f.default if not isinstance(f.default, str) else repr(f.default)
+            lines.append(f"  --{section}.{f.name} ({kind_name}, default {default})")
+            lines.append(f"      {f.metadata.get('doc', '')}")
+        lines.append("")
+    return "\n".join(lines)
+

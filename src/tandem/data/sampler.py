@@ -1,0 +1,138 @@
+"""A global sample order that depends only on (seed, epoch), sliced per rank."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from tandem.runtime import derive_seed
+
+
+@dataclass(kw_only=True)
+class Cursor:
+    """Position in the global sample stream: the epoch and the samples used of it.
+
+    The trainer keeps its own cursor in step with the sampler's and checkpoints it.
+    Because it counts samples, not steps, a resume at another world size, micro-batch
+    or global batch continues at the same sample.
+    """
+
+    epoch: int = 0
+    offset: int = 0
+
+    def take(self, size: int, dataset_len: int) -> tuple[int, int]:
+        """Advance by one global batch of `size`; return the (epoch, start) it came from.
+
+        A tail shorter than a whole batch is dropped: every step sees exactly
+        `size` samples, so every rank gets an equal share and none waits on another.
+        """
+        if self.offset + size > dataset_len:
+            self.epoch += 1
+            self.offset = 0
+        start = self.offset
+        self.offset += size
+        return self.epoch, start
+
+    def state_dict(self) -> dict[str, int]:
+        """The position as JSON-ready values."""
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    @classmethod
+    def from_state(cls, state: dict[str, int]) -> Cursor:
+        """Rebuild a cursor from `state_dict()` output."""
+        return cls(epoch=int(state["epoch"]), offset=int(state["offset"]))
+
+
+def epoch_order(seed: int, epoch: int, dataset_len: int) -> torch.Tensor:
+    """The global permutation of sample indices for one epoch."""
+    generator = torch.Generator().manual_seed(derive_seed("order", seed, epoch))
+    return torch.randperm(dataset_len, generator=generator)
+
+
+def rank_slice(global_batch: int, rank: int, world_size: int) -> slice:
+    """The part of a global batch that belongs to one rank."""
+    share = global_batch // world_size
+    return slice(rank * share, (rank + 1) * share)
+
+
+class GlobalBatchSampler:
+    """Yields this rank's micro-batches of sample indices, step after step, forever.
+
+    Global batch t of the run is the same list of samples at every world size; rank r
+    takes the r-th equal slice of it and splits that into `accum` micro-batches.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset_len: int,
+        global_batch: int,
+        accum: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        cursor: Cursor,
+    ) -> None:
+        check_sizes(dataset_len, global_batch, world_size * accum)
+        self.dataset_len = dataset_len
+        self.global_batch = global_batch
+        self.accum = accum
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.cursor = Cursor(epoch=cursor.epoch, offset=cursor.offset)
+        self._order: tuple[int, torch.Tensor] | None = None
+
+    def _epoch_order(self, epoch: int) -> torch.Tensor:
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, epoch_order(self.seed, epoch, self.dataset_len))
+        return self._order[1]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        micro = self.global_batch // (self.world_size * self.accum)
+        while True:
+            epoch, start = self.cursor.take(self.global_batch, self.dataset_len)
+            batch = self._epoch_order(epoch)[start : start + self.global_batch]
+            mine = batch[rank_slice(self.global_batch, self.rank, self.world_size)].tolist()
+            for k in range(self.accum):
+                yield mine[k * micro : (k + 1) * micro]
+
+
+def check_sizes(dataset_len: int, global_batch: int, parts: int) -> None:
+    """Raise ValueError unless the dataset and the batch split make sense."""
+    if dataset_len == 0:
+        raise ValueError("the training dataset is empty (len == 0)")
+    if dataset_len < global_batch:
+        raise ValueError(
+            f"train.global_batch: {global_batch} is larger than the training dataset "
+            f"({dataset_len} samples); use a global batch <= {dataset_len}"
+        )
+    if global_batch % parts:
+        raise ValueError(
+            f"train.global_batch: {global_batch} is not divisible by world size x "
+            f"accumulation steps ({parts})"
+        )
+
+
+def eval_shard(dataset_len: int, rank: int, world_size: int) -> range:
+    """Contiguous, disjoint evaluation indices of one rank; together they cover all."""
+    return range(rank * dataset_len // world_size, (rank + 1) * dataset_len // world_size)
+
+
+def split_batch(global_batch: int, micro_batch: int, world_size: int) -> tuple[int, int]:
+    """Derive (micro-batch per rank, accumulation steps) from the global-batch contract."""
+    if global_batch % world_size:
+        raise ValueError(
+            f"train.global_batch: {global_batch} is not divisible by the world size "
+            f"({world_size}); choose a multiple of {world_size}"
+        )
+    per_rank = global_batch // world_size
+    micro = micro_batch or per_rank
+    if micro > per_rank or per_rank % micro:
+        raise ValueError(
+            f"train.micro_batch: {micro} must divide the per-rank batch "
+            f"(global_batch {global_batch} / world size {world_size} = {per_rank})"
+        )
+    return micro, per_rank // micro

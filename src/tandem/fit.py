@@ -1,0 +1,100 @@
+"""`tandem.fit`: the one call a training script makes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from tandem import parallel
+from tandem.config import Config, load, parse_args, reference, validate
+from tandem.monitor.progress import Reporter
+from tandem.runtime import Runtime, start, stop
+from tandem.task import Task
+from tandem.trainer.loop import Trainer
+from tandem.trainer.rundir import prepare_run_dir
+
+log = logging.getLogger("tandem")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What `fit` hands back: the trained module and the run's summary."""
+
+    model: nn.Module  # the user's module (unwrapped), on this process's device
+    summary: dict[str, Any]
+    run_dir: Path
+
+
+def _setup_logging(runtime: Runtime) -> None:
+    if log.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    prefix = "[tandem]" if runtime.is_main else f"[tandem rank {runtime.rank}]"
+    handler.setFormatter(logging.Formatter(f"{prefix} %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if runtime.is_main else logging.WARNING)
+    log.propagate = False
+
+
+def config_from_argv(argv: list[str]) -> Config:
+    """Parse `--config FILE` and `--section.field VALUE` flags; `--help` prints the options."""
+    path, overrides, want_help = parse_args(argv)
+    if want_help:
+        if os.environ.get("RANK", "0") == "0":  # once per job, not once per process
+            sys.stdout.write(reference() + "\n")
+        raise SystemExit(0)
+    return load(path, overrides)
+
+
+def fit(task: Task, config: Config | None = None, argv: list[str] | None = None) -> RunResult:
+    """Train `task` on every process of the job; return the trained model and a summary.
+
+    Must be called on all processes. Without `config`, the settings come from `argv`
+    (default: the script's command line). The run resumes from its latest good
+    checkpoint when one exists (`run.resume`).
+    """
+    if config is None:
+        config = config_from_argv(sys.argv[1:] if argv is None else argv)
+    else:
+        validate(config)
+    name = config.run.name or Path(sys.argv[0]).stem or "run"
+    runtime = start(config.plan)
+    _setup_logging(runtime)
+    try:
+        return _fit(task, config, runtime, name)
+    finally:
+        stop(runtime)
+
+
+def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
+    run_dir = prepare_run_dir(config, name, runtime)
+    trainer = Trainer(task, config, runtime, run_dir)
+    found = trainer.resume()
+    reporter = Reporter(run_dir, config.train.steps, trainer.state.step,
+                        config.monitor.progress, active=runtime.is_main)
+    summary: dict[str, Any] | None = None
+    try:
+        if runtime.restart_count:
+            reporter.event(trainer.state.step, "restart",
+                           f"the launcher restarted the process group "
+                           f"(restart {runtime.restart_count})")
+        if found is not None:
+            reporter.event(trainer.state.step, "resume",
+                           f"resumed from {found} at step {trainer.state.step}")
+        if trainer.state.step >= config.train.steps:
+            reporter.event(trainer.state.step, "complete",
+                           f"run {name!r} is already complete at step {trainer.state.step}; "
+                           "raise train.steps to continue or pick another run.name")
+        summary = trainer.run(reporter)
+        if runtime.is_main:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return RunResult(model=parallel.unwrap(trainer.model), summary=summary, run_dir=run_dir)
+    finally:
+        reporter.close(summary)

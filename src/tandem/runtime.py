@@ -1,0 +1,166 @@
+"""The process's place in the job: launch environment, process group, device, seeding."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from tandem.config import PlanConfig
+
+log = logging.getLogger("tandem")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Runtime:
+    """Where this process stands: rank, world, device, launch kind."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    launcher: str  # "plain" or "torchrun"
+    restart_count: int
+    owns_group: bool
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on the rank that writes run records and prints."""
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        """Wait for every rank (a no-op for one process)."""
+        if dist.is_initialized():
+            dist.barrier()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value is None or value == "" else int(value)
+
+
+def _pick_device(plan: PlanConfig, local_rank: int) -> torch.device:
+    want = plan.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ValueError("plan.device: 'cuda' was asked for but no CUDA device is available")
+    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def _backend(plan: PlanConfig, device: torch.device) -> str:
+    if plan.backend == "nccl" and device.type != "cuda":
+        raise ValueError("plan.backend: 'nccl' needs CUDA devices; use 'gloo' or 'auto' on CPU")
+    if plan.backend != "auto":
+        return plan.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
+    """A store whose keys are private to this restart attempt of the group.
+
+    Under torchrun the workers of every attempt share the agent's TCPStore; without a
+    per-attempt prefix a restarted group can read the dead attempt's addresses and fail
+    to connect (or hang). Prefixing the keys by the restart count keeps attempts apart.
+    """
+    host = os.environ["MASTER_ADDR"]
+    port = int(os.environ["MASTER_PORT"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        host_name=host,
+        port=port,
+        world_size=world_size,
+        is_master=(not agent_store) and rank == 0,
+        timeout=timeout,
+        wait_for_workers=False,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"tandem/attempt{attempt}", store)
+
+
+def start(plan: PlanConfig) -> Runtime:
+    """Detect the launch, initialise the process group when needed, pick the device.
+
+    Must be called on all processes. A process group that already exists (the user
+    made one) is reused and left for the user to destroy.
+    """
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    launcher = "torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else "plain"
+    if world_size > 1 and "MASTER_ADDR" not in os.environ:
+        raise ValueError(
+            f"WORLD_SIZE={world_size} but MASTER_ADDR is not set; launch with "
+            "`tandem run --nproc-per-node N script.py` or torchrun"
+        )
+    device = _pick_device(plan, local_rank)
+    owns_group = False
+    if world_size > 1 and not dist.is_initialized():
+        timeout = timedelta(seconds=plan.timeout_s)
+        dist.init_process_group(
+            backend=_backend(plan, device),
+            store=_attempt_store(rank, world_size, timeout),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
+        owns_group = True
+    elif dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return Runtime(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=_env_int("LOCAL_WORLD_SIZE", 1),
+        node_rank=_env_int("GROUP_RANK", 0),
+        device=device,
+        launcher=launcher,
+        restart_count=_env_int("TORCHELASTIC_RESTART_COUNT", 0),
+        owns_group=owns_group,
+    )
+
+
+def stop(runtime: Runtime) -> None:
+    """Destroy the process group that `start` created (not one the user made)."""
+    if runtime.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed that depends only on `parts` (stable across Python runs)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def seed_step(seed: int, rank: int, step: int) -> None:
+    """Seed torch, numpy and random for one step of one rank.
+
+    Every RNG is a pure function of (seed, rank, step), so a resumed run draws exactly
+    what the uninterrupted run drew, whatever the restart history: no RNG state needs
+    to be checkpointed or resharded.
+    """
+    seed_all(derive_seed("step", seed, rank, step))
+
+
+def seed_all(value: int) -> None:
+    """Seed torch, numpy and random with one value."""
+    torch.manual_seed(value)
+    random.seed(value)
+    np.random.seed(value & 0xFFFFFFFF)

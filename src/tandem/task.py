@@ -1,0 +1,68 @@
+"""Task: what the user supplies, as factories, so tandem can build them per process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+Batch = Any
+LossFn = Callable[[Any, Batch], torch.Tensor]
+MetricFn = Callable[[Any, Batch], torch.Tensor | float]
+
+
+@dataclass(kw_only=True)
+class Task:
+    """A training job described once: model, optimizer, data, loss and metrics.
+
+    Every field that builds state is a zero-argument factory (the optimizer takes the
+    parameters), so each process builds its own copy after the process group and the
+    device are set up.
+
+    ``loss(outputs, batch)`` must return the *mean* loss over the samples of ``batch``:
+    tandem scales it so that N processes x K accumulation steps give the gradient of
+    one process on the whole global batch. ``metrics`` are per-batch means too; tandem
+    weights them by batch size when it reduces them across batches and ranks.
+
+    ``forward(model, batch)`` maps a batch to the model's outputs; the default calls
+    ``model(batch[0])`` for a tuple/list batch, ``model(batch["input"])`` for a dict,
+    and ``model(batch)`` otherwise.
+    """
+
+    model: Callable[[], nn.Module]
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+    train_data: Callable[[], Dataset]
+    loss: LossFn
+    eval_data: Callable[[], Dataset] | None = None
+    metrics: Mapping[str, MetricFn] = field(default_factory=dict)
+    forward: Callable[[nn.Module, Batch], Any] | None = None
+    tokens_per_sample: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("model", "optimizer", "train_data", "loss"):
+            if not callable(getattr(self, name)):
+                raise ValueError(f"Task.{name} must be callable, got {getattr(self, name)!r}")
+        if self.eval_data is not None and not callable(self.eval_data):
+            raise ValueError(f"Task.eval_data must be callable or None, got {self.eval_data!r}")
+        for key, fn in self.metrics.items():
+            if not callable(fn):
+                raise ValueError(f"Task.metrics[{key!r}] must be callable, got {fn!r}")
+        if self.tokens_per_sample is not None and self.tokens_per_sample <= 0:
+            raise ValueError(
+                "Task.tokens_per_sample must be a positive int or None, "
+                f"got {self.tokens_per_sample}"
+            )
+
+    def run_forward(self, model: nn.Module, batch: Batch) -> Any:
+        """Call the model on a batch, through the user's ``forward`` if one is given."""
+        if self.forward is not None:
+            return self.forward(model, batch)
+        if isinstance(batch, (tuple, list)):
+            return model(batch[0])
+        if isinstance(batch, dict):
+            return model(batch["input"])
+        return model(batch)

@@ -1,0 +1,218 @@
+"""The step engine: build the run from a Task and a Config, train, evaluate, checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tandem import checkpoint, parallel
+from tandem.config import Config, parse_target
+from tandem.data.loader import train_batches
+from tandem.data.sampler import GlobalBatchSampler, split_batch
+from tandem.monitor.progress import Reporter
+from tandem.optim.schedule import LrController
+from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
+from tandem.task import Task
+from tandem.trainer.evaluate import evaluate
+from tandem.trainer.precision import Precision
+from tandem.trainer.state import TrainState
+
+log = logging.getLogger("tandem")
+
+
+class Trainer:
+    """One training run of a Task under a Config on this process's Runtime."""
+
+    def __init__(self, task: Task, config: Config, runtime: Runtime, run_dir: Path) -> None:
+        self.task = task
+        self.config = config
+        self.runtime = runtime
+        self.run_dir = run_dir
+        train = config.train
+        self.micro, self.accum = split_batch(train.global_batch, train.micro_batch,
+                                             runtime.world_size)
+        # Same value on every rank and at every world size: the same data and the same
+        # initial weights as a one-process run.
+        seed_all(derive_seed("build", config.run.seed))
+        self.dataset = task.train_data()
+        self.eval_dataset = task.eval_data() if task.eval_data is not None else None
+        self.model = parallel.wrap(task.model(), config.plan, runtime)
+        self.optimizer = task.optimizer(self.model.parameters())
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.lr = LrController(self.optimizer, config.optim, train.steps, train.global_batch)
+        self.precision = Precision(config.precision, runtime.device)
+        self.state = TrainState()
+        self.target = parse_target(train.target) if train.target else None
+        self.last_eval: dict[str, float] = {}
+
+    # ----------------------------------------------------------------- resume
+    def resume(self) -> Path | None:
+        """Load the latest good checkpoint, as the resume policy says. All ranks."""
+        policy = self.config.run.resume
+        found = checkpoint.latest(self.run_dir / "checkpoints")
+        if found is None:
+            if policy == "require":
+                raise ValueError(
+                    f"run.resume: 'require' but {self.run_dir / 'checkpoints'} holds no "
+                    "committed checkpoint"
+                )
+            return None
+        if policy == "never":
+            raise ValueError(
+                f"run.resume: 'never' but {self.run_dir} already holds checkpoints; choose "
+                "another run.name or run.resume 'auto' (nothing was overwritten)"
+            )
+        tensors = checkpoint.capture(self.model, self.optimizer)
+        meta = checkpoint.load(found, tensors)
+        checkpoint.restore(self.model, self.optimizer, tensors)
+        self.state = TrainState.from_dict(meta["train_state"])
+        self.state.attempts += 1
+        self.precision.load_state_dict(self.state.scaler)
+        return found
+
+    def _save(self) -> None:
+        self.state.scaler = self.precision.state_dict()
+        meta = {
+            "train_state": self.state.to_dict(),
+            "config": self.config.to_dict(),
+            "world_size": self.runtime.world_size,
+        }
+        checkpoint.save(self.run_dir / "checkpoints", self.state.step,
+                        checkpoint.capture(self.model, self.optimizer), meta,
+                        keep=self.config.checkpoint.keep)
+
+    # ------------------------------------------------------------------ steps
+    def _train_step(self, batches: Any) -> torch.Tensor:
+        """One optimizer step over `accum` micro-batches; returns the summed micro losses."""
+        task, model, precision = self.task, self.model, self.precision
+        total = torch.zeros((), device=self.runtime.device)
+        for k in range(self.accum):
+            batch = next(batches)
+            sync = parallel.no_sync(model) if k < self.accum - 1 else contextlib.nullcontext()
+            with sync:
+                with precision.autocast():
+                    loss = task.loss(task.run_forward(model, batch), batch)
+                # Mean over the micro-batch / accum, then DDP's mean over ranks: the
+                # gradient of the mean loss over the whole global batch.
+                precision.backward(loss / self.accum)
+            total += loss.detach().float()
+        if self.config.train.grad_clip > 0:
+            precision.clip(self.optimizer, self.params, self.config.train.grad_clip)
+        precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+    def _evaluate(self) -> dict[str, float]:
+        if self.eval_dataset is None:
+            return {}
+        values = evaluate(self.task, parallel.unwrap(self.model), self.eval_dataset,
+                          self.runtime, self.config.train.eval_batch, self.config.data,
+                          self.precision)
+        return {f"eval_{k}" if k == "loss" else k: v for k, v in values.items()}
+
+    def _check_target(self, values: dict[str, float], elapsed: float) -> bool:
+        if self.target is None or self.state.target_reached is not None:
+            return False
+        metric, op, goal = self.target
+        value = values.get(metric)
+        if value is None:
+            raise ValueError(
+                f"train.target names {metric!r}, which evaluation does not produce; "
+                f"it produces {sorted(values)}"
+            )
+        if (value >= goal) if op == ">=" else (value <= goal):
+            self.state.target_reached = {"step": self.state.step, "elapsed_s": elapsed,
+                                         "value": value}
+            return True
+        return False
+
+    # -------------------------------------------------------------------- run
+    def run(self, reporter: Reporter) -> dict[str, Any]:
+        """Train to `train.steps`, evaluating and checkpointing on schedule. All ranks."""
+        cfg, rt, state = self.config, self.runtime, self.state
+        sampler = GlobalBatchSampler(
+            dataset_len=len(self.dataset),  # type: ignore[arg-type]
+            global_batch=cfg.train.global_batch, accum=self.accum, rank=rt.rank,
+            world_size=rt.world_size, seed=cfg.run.seed, cursor=state.cursor,
+        )
+        batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
+        dataset_len = sampler.dataset_len
+        started = time.perf_counter()
+        base_elapsed = state.elapsed_s
+        window_loss = torch.zeros((), device=rt.device)
+        window_steps, window_start, lr = 0, time.perf_counter(), 0.0
+        self.model.train()
+        while state.step < cfg.train.steps:
+            seed_step(cfg.run.seed, rt.rank, state.step)
+            lr = self.lr.apply(state.step)
+            window_loss += self._train_step(batches)
+            state.step += 1
+            state.cursor.take(cfg.train.global_batch, dataset_len)
+            state.samples += cfg.train.global_batch
+            window_steps += 1
+            last = state.step == cfg.train.steps
+            if state.step % cfg.monitor.log_every == 0 or last:
+                mean_loss = self._reduce_mean(window_loss) / (window_steps * self.accum)
+                now = time.perf_counter()
+                reporter.train(state.step, mean_loss, lr,
+                               window_steps * cfg.train.global_batch / (now - window_start),
+                               {"loss_scale": self.precision.loss_scale})
+                window_loss.zero_()
+                window_steps, window_start = 0, now
+            else:
+                reporter.advance(state.step)
+            elapsed = base_elapsed + time.perf_counter() - started
+            if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
+                self.last_eval = self._evaluate()
+                if self.last_eval:
+                    reporter.evaluation(state.step, self.last_eval)
+                if self._check_target(self.last_eval, elapsed):
+                    reporter.event(state.step, "target",
+                                   f"target {cfg.train.target} reached at step {state.step} "
+                                   f"after {elapsed:.1f} s")
+            every = cfg.checkpoint.every
+            if (every and state.step % every == 0) or (last and cfg.checkpoint.at_end):
+                state.elapsed_s = base_elapsed + time.perf_counter() - started
+                self._save()
+        if not self.last_eval:
+            self.last_eval = self._evaluate()
+        state.elapsed_s = base_elapsed + time.perf_counter() - started
+        return self.summary()
+
+    def _reduce_mean(self, value: torch.Tensor) -> float:
+        if dist.is_initialized():
+            value = value.clone()
+            dist.all_reduce(value)
+            value /= self.runtime.world_size
+        return float(value.item())
+
+    def summary(self) -> dict[str, Any]:
+        """The run's outcome as JSON-ready values."""
+        state, cfg = self.state, self.config
+        summary: dict[str, Any] = {
+            "name": self.run_dir.name,
+            "steps": state.step,
+            "world_size": self.runtime.world_size,
+            "global_batch": cfg.train.global_batch,
+            "micro_batch": self.micro,
+            "accumulation": self.accum,
+            "train_time_s": state.elapsed_s,
+            "samples_per_s": state.samples / state.elapsed_s if state.elapsed_s else 0.0,
+            **self.last_eval,
+        }
+        if self.task.tokens_per_sample:
+            summary["tokens_per_s"] = summary["samples_per_s"] * self.task.tokens_per_sample
+        if state.target_reached is not None:
+            summary["time_to_target_s"] = state.target_reached["elapsed_s"]
+            summary["target"] = f"{cfg.train.target} at step {state.target_reached['step']}"
+        elif self.target is not None:
+            summary["target"] = f"{cfg.train.target} not reached"
+        summary["run_dir"] = str(self.run_dir)
+        return summary
+

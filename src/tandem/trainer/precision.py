@@ -1,0 +1,75 @@
+"""Mixed precision: autocast and dynamic loss scaling behind one small interface."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from tandem.config import PrecisionConfig
+
+
+class Precision:
+    """Runs forward passes under the chosen autocast and steps through a loss scaler.
+
+    fp32: nothing changes. bf16: autocast, no scaling (bf16 has fp32's range).
+    fp16: autocast plus torch's GradScaler, which skips steps whose gradients
+    overflow and adapts the scale.
+    """
+
+    def __init__(self, cfg: PrecisionConfig, device: torch.device) -> None:
+        self.mode = cfg.mode
+        self.device = device
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.mode)
+        self.dtype = dtype
+        self.scaler = torch.amp.GradScaler(
+            device.type,
+            init_scale=cfg.init_scale,
+            growth_interval=cfg.growth_interval,
+            enabled=cfg.mode == "fp16",
+        )
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        """The forward context of the chosen precision."""
+        if self.dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
+            yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the (scaled, when fp16) loss."""
+        self.scaler.scale(loss).backward()
+
+    def clip(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+             max_norm: float) -> torch.Tensor:
+        """Clip the true (unscaled) global gradient norm; return the norm before clipping."""
+        self.scaler.unscale_(optimizer)
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Step the optimizer (skipped by the scaler if fp16 gradients overflowed)."""
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 when no scaling is in use)."""
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scaler state as JSON-ready values."""
+        state = self.scaler.state_dict()
+        return {k: (float(v) if isinstance(v, float) else v) for k, v in state.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore scaler state saved by `state_dict`."""
+        if state and self.scaler.is_enabled():
+            scale = state.get("scale")
+            if scale is not None and not math.isfinite(scale):
+                raise ValueError(f"checkpoint holds a non-finite loss scale {scale}")
+            self.scaler.load_state_dict(state)

@@ -1,0 +1,46 @@
+"""The trainer's own progress, checkpointed as JSON beside the tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.data.sampler import Cursor
+
+
+@dataclass(kw_only=True)
+class TrainState:
+    """Everything besides model and optimizer tensors that a resume needs."""
+
+    step: int = 0
+    cursor: Cursor = field(default_factory=Cursor)
+    samples: int = 0
+    elapsed_s: float = 0.0  # wall time of training over all attempts, at the last commit
+    target_reached: dict[str, float] | None = None  # {"step", "elapsed_s", "value"}
+    scaler: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "step": self.step,
+            "cursor": self.cursor.state_dict(),
+            "samples": self.samples,
+            "elapsed_s": self.elapsed_s,
+            "target_reached": self.target_reached,
+            "scaler": self.scaler,
+            "attempts": self.attempts,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainState:
+        """Rebuild from `to_dict` output."""
+        return cls(
+            step=int(data["step"]),
+            cursor=Cursor.from_state(data["cursor"]),
+            samples=int(data["samples"]),
+            elapsed_s=float(data["elapsed_s"]),
+            target_reached=data.get("target_reached"),
+            scaler=dict(data.get("scaler") or {}),
+            attempts=int(data.get("attempts", 1)),
+        )

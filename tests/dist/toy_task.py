@@ -1,0 +1,80 @@
+"""A small regression task whose samples carry their ids, and its plain-PyTorch reference."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+import tandem
+from tandem.data.sampler import epoch_order
+from tandem.runtime import derive_seed
+
+SEEN: list[int] = []  # sample ids this process trained on, in order
+N_SAMPLES = 200
+
+
+class IndexedData(Dataset):
+    """Fixed random inputs and targets; item i is (x_i, y_i, i)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1234)
+        self.x = torch.randn(N_SAMPLES, 12, generator=g)
+        self.y = torch.randn(N_SAMPLES, 3, generator=g)
+
+    def __len__(self) -> int:
+        return N_SAMPLES
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self.x[i], self.y[i], i
+
+
+def make_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(12, 32), nn.Tanh(), nn.Linear(32, 3))
+
+
+def make_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def loss(out: torch.Tensor, batch) -> torch.Tensor:
+    SEEN.extend(int(i) for i in batch[2])
+    return nn.functional.mse_loss(out, batch[1])
+
+
+def task() -> tandem.Task:
+    return tandem.Task(model=make_model, optimizer=make_optimizer, train_data=IndexedData,
+                       loss=loss)
+
+
+def config(run_dir: str, steps: int, global_batch: int, micro_batch: int = 0,
+           seed: int = 7, **sections: dict) -> tandem.Config:
+    cfg = tandem.Config()
+    cfg.run.dir, cfg.run.name, cfg.run.seed = run_dir, "toy", seed
+    cfg.train.steps, cfg.train.global_batch = steps, global_batch
+    cfg.train.micro_batch = micro_batch
+    cfg.monitor.progress = "off"
+    for section, values in sections.items():
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    return cfg
+
+
+def reference(steps: int, global_batch: int, seed: int = 7) -> tuple[nn.Module, list[int]]:
+    """One process, plain PyTorch: the documented global order, full-batch mean loss."""
+    torch.manual_seed(derive_seed("build", seed))
+    data = IndexedData()
+    model = make_model()
+    opt = make_optimizer(model.parameters())
+    order: list[int] = []
+    epoch, offset = 0, 0
+    for _ in range(steps):
+        if offset + global_batch > N_SAMPLES:
+            epoch, offset = epoch + 1, 0
+        ids = epoch_order(seed, epoch, N_SAMPLES)[offset:offset + global_batch]
+        offset += global_batch
+        order += ids.tolist()
+        opt.zero_grad()
+        nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
+        opt.step()
+    return model, order
