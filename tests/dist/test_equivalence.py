@@ -23,8 +23,8 @@ def _train(rank: int, world: int, out: str, micro: int, steps: int, extra: dict)
         torch.save(result.model.state_dict(), Path(out, "weights.pt"))
 
 
-def _assert_matches_reference(out: Path, steps: int = STEPS) -> None:
-    ref, _ = toy_task.reference(steps, GLOBAL)
+def _assert_matches_reference(out: Path, clip: float = 0.0) -> None:
+    ref, _ = toy_task.reference(STEPS, GLOBAL, clip=clip)
     got = torch.load(out / "weights.pt", weights_only=True)
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
@@ -36,6 +36,13 @@ def test_weights_match_plain_pytorch(tmp_path: Path, world: int, micro: int) -> 
     extra = {"checkpoint": {"at_end": False}}
     run_ranks(_train, world, str(tmp_path), micro, STEPS, extra, timeout=100)
     _assert_matches_reference(tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_clipping_uses_the_global_norm_of_the_accumulated_gradient(tmp_path: Path) -> None:
+    extra = {"checkpoint": {"at_end": False}, "train": {"grad_clip": 0.05}}
+    run_ranks(_train, 2, str(tmp_path), 5, STEPS, extra, timeout=100)
+    _assert_matches_reference(tmp_path, clip=0.05)
 
 
 @pytest.mark.timeout(120)

@@ -60,7 +60,8 @@ def config(run_dir: str, steps: int, global_batch: int, micro_batch: int = 0,
     return cfg
 
 
-def reference(steps: int, global_batch: int, seed: int = 7) -> tuple[nn.Module, list[int]]:
+def reference(steps: int, global_batch: int, seed: int = 7,
+              clip: float = 0.0) -> tuple[nn.Module, list[int]]:
     """One process, plain PyTorch: the documented global order, full-batch mean loss."""
     torch.manual_seed(derive_seed("build", seed))
     data = IndexedData()
@@ -76,5 +77,7 @@ def reference(steps: int, global_batch: int, seed: int = 7) -> tuple[nn.Module, 
         order += ids.tolist()
         opt.zero_grad()
         nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
     return model, order

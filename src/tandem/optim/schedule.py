@@ -30,13 +30,15 @@ def _warmup_cosine(step: int, total: int, warmup: int, floor: float) -> float:
 
 
 def _onecycle(step: int, total: int, pct_start: float, floor: float) -> float:
-    # Linear rise from 4% of peak, cosine fall to `floor` of peak: torch's OneCycleLR shape.
-    rise = max(1, round(total * pct_start))
-    start = 0.04
-    if step < rise:
-        return start + (1.0 - start) * step / rise
-    progress = min(1.0, (step - rise) / max(1, total - rise))
-    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    # torch's OneCycleLR (two phases, cosine annealing, div_factor 25) as a pure function.
+    def anneal(start: float, end: float, pct: float) -> float:
+        return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+
+    peak_step = max(1.0, pct_start * total - 1)
+    if step <= peak_step:
+        return anneal(0.04, 1.0, step / peak_step)
+    pct = min(1.0, (step - peak_step) / max(1.0, total - 1 - peak_step))
+    return anneal(1.0, floor, pct)
 
 
 def batch_scale(cfg: OptimConfig, global_batch: int) -> float:
