@@ -252,11 +252,6 @@ def validate(config: Config) -> Config:
             f"optim.reference_batch must be > 0 when optim.lr_scaling is "
             f"{config.optim.lr_scaling!r}: it is the batch the base lr was tuned for"
         )
-    if config.optim.warmup_steps > config.train.steps:
-        raise ValueError(
-            f"optim.warmup_steps: {config.optim.warmup_steps} exceeds train.steps "
-            f"({config.train.steps})"
-        )
     if config.train.target:
         parse_target(config.train.target)
     if config.run.name and ("/" in config.run.name or config.run.name in (".", "..")):
@@ -279,9 +274,12 @@ def parse_target(text: str) -> tuple[str, str, float]:
     )
 
 
-def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Build a validated Config from an optional TOML file, then dotted overrides."""
+def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+         defaults: dict[str, Any] | None = None) -> Config:
+    """Build a validated Config: `defaults` (the script's), then a TOML file, then overrides."""
     config = Config()
+    for key, value in (defaults or {}).items():
+        _set(config, key, value)
     if path is not None:
         path = Path(path)
         if not path.is_file():

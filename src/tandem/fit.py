@@ -43,27 +43,38 @@ def _setup_logging(runtime: Runtime) -> None:
     log.propagate = False
 
 
-def config_from_argv(argv: list[str]) -> Config:
+def config_from_argv(argv: list[str], defaults: dict[str, Any] | None = None) -> Config:
     """Parse `--config FILE` and `--section.field VALUE` flags; `--help` prints the options."""
     path, overrides, want_help = parse_args(argv)
     if want_help:
         if os.environ.get("RANK", "0") == "0":  # once per job, not once per process
             sys.stdout.write(reference() + "\n")
         raise SystemExit(0)
-    return load(path, overrides)
+    return load(path, overrides, defaults)
 
 
-def fit(task: Task, config: Config | None = None, argv: list[str] | None = None) -> RunResult:
+def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
+        defaults: dict[str, Any] | None = None) -> RunResult:
     """Train `task` on every process of the job; return the trained model and a summary.
 
     Must be called on all processes. Without `config`, the settings come from `argv`
-    (default: the script's command line). The run resumes from its latest good
+    (default: the script's command line), applied over `defaults` ({"train.steps": 300,
+    ...}: the script's own recipe). The run resumes from its latest good
     checkpoint when one exists (`run.resume`).
     """
-    if config is None:
-        config = config_from_argv(sys.argv[1:] if argv is None else argv)
-    else:
-        validate(config)
+    if config is not None:
+        return _run(task, validate(config))
+    try:
+        config = config_from_argv(sys.argv[1:] if argv is None else argv, defaults)
+    except ValueError as err:
+        # A bad command line: one clear line instead of a traceback, and a usage exit code.
+        if os.environ.get("RANK", "0") == "0":
+            sys.stderr.write(f"tandem: error: {err}\n")
+        raise SystemExit(2) from None
+    return _run(task, config)
+
+
+def _run(task: Task, config: Config) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     runtime = start(config.plan)
     _setup_logging(runtime)

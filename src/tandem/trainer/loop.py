@@ -142,48 +142,55 @@ class Trainer:
             world_size=rt.world_size, seed=cfg.run.seed, cursor=state.cursor,
         )
         batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
-        dataset_len = sampler.dataset_len
-        started = time.perf_counter()
-        base_elapsed = state.elapsed_s
-        window_loss = torch.zeros((), device=rt.device)
-        window_steps, window_start, lr = 0, time.perf_counter(), 0.0
+        clock = _Clock(state.elapsed_s)
+        window = _Window(rt.device)
         self.model.train()
         while state.step < cfg.train.steps:
             seed_step(cfg.run.seed, rt.rank, state.step)
-            lr = self.lr.apply(state.step)
-            window_loss += self._train_step(batches)
+            window.lr = self.lr.apply(state.step)
+            window.loss += self._train_step(batches)
+            window.steps += 1
             state.step += 1
-            state.cursor.take(cfg.train.global_batch, dataset_len)
+            state.cursor.take(cfg.train.global_batch, sampler.dataset_len)
             state.samples += cfg.train.global_batch
-            window_steps += 1
             last = state.step == cfg.train.steps
+            window.pause()  # logging, evaluation and checkpoints are not training time
             if state.step % cfg.monitor.log_every == 0 or last:
-                mean_loss = self._reduce_mean(window_loss) / (window_steps * self.accum)
-                now = time.perf_counter()
-                reporter.train(state.step, mean_loss, lr,
-                               window_steps * cfg.train.global_batch / (now - window_start),
-                               {"loss_scale": self.precision.loss_scale})
-                window_loss.zero_()
-                window_steps, window_start = 0, now
+                self._log_window(window, reporter)
             else:
                 reporter.advance(state.step)
-            elapsed = base_elapsed + time.perf_counter() - started
-            if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
-                self.last_eval = self._evaluate()
-                if self.last_eval:
-                    reporter.evaluation(state.step, self.last_eval)
-                if self._check_target(self.last_eval, elapsed):
-                    reporter.event(state.step, "target",
-                                   f"target {cfg.train.target} reached at step {state.step} "
-                                   f"after {elapsed:.1f} s")
-            every = cfg.checkpoint.every
-            if (every and state.step % every == 0) or (last and cfg.checkpoint.at_end):
-                state.elapsed_s = base_elapsed + time.perf_counter() - started
-                self._save()
+            self._on_schedule(last, reporter, clock)
+            window.resume()
         if not self.last_eval:
             self.last_eval = self._evaluate()
-        state.elapsed_s = base_elapsed + time.perf_counter() - started
+        state.elapsed_s = clock.elapsed()
         return self.summary()
+
+    def _log_window(self, window: _Window, reporter: Reporter) -> None:
+        seconds = window.busy
+        self.state.train_s += seconds
+        mean_loss = self._reduce_mean(window.loss) / (window.steps * self.accum)
+        reporter.train(self.state.step, mean_loss, window.lr,
+                       window.steps * self.config.train.global_batch / seconds,
+                       {"loss_scale": self.precision.loss_scale})
+        window.clear()
+
+    def _on_schedule(self, last: bool, reporter: Reporter, clock: _Clock) -> None:
+        """Evaluate and checkpoint when the config says so."""
+        cfg, state = self.config, self.state
+        if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
+            elapsed = clock.elapsed()
+            self.last_eval = self._evaluate()
+            if self.last_eval:
+                reporter.evaluation(state.step, self.last_eval)
+            if self._check_target(self.last_eval, elapsed):
+                reporter.event(state.step, "target",
+                               f"target {cfg.train.target} reached at step {state.step} "
+                               f"after {elapsed:.1f} s")
+        every = cfg.checkpoint.every
+        if (every and state.step % every == 0) or (last and cfg.checkpoint.at_end):
+            state.elapsed_s = clock.elapsed()
+            self._save()
 
     def _reduce_mean(self, value: torch.Tensor) -> float:
         if dist.is_initialized():
@@ -202,8 +209,8 @@ class Trainer:
             "global_batch": cfg.train.global_batch,
             "micro_batch": self.micro,
             "accumulation": self.accum,
-            "train_time_s": state.elapsed_s,
-            "samples_per_s": state.samples / state.elapsed_s if state.elapsed_s else 0.0,
+            "wall_time_s": state.elapsed_s,
+            "samples_per_s": state.samples / state.train_s if state.train_s else 0.0,
             **self.last_eval,
         }
         if self.task.tokens_per_sample:
@@ -216,3 +223,38 @@ class Trainer:
         summary["run_dir"] = str(self.run_dir)
         return summary
 
+
+
+class _Clock:
+    """Wall time of the run over all its attempts."""
+
+    def __init__(self, before: float) -> None:
+        self.before = before
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.before + time.perf_counter() - self.start
+
+
+class _Window:
+    """Loss and time of the training steps since the last log line."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss = torch.zeros((), device=device)
+        self.steps = 0
+        self.lr = 0.0
+        self.busy = 0.0
+        self.start = time.perf_counter()
+
+    def pause(self) -> None:
+        """Stop counting: what follows is not a training step."""
+        self.busy += time.perf_counter() - self.start
+
+    def resume(self) -> None:
+        """Count again from now."""
+        self.start = time.perf_counter()
+
+    def clear(self) -> None:
+        self.loss.zero_()
+        self.steps = 0
+        self.busy = 0.0

@@ -15,7 +15,8 @@ class TrainState:
     step: int = 0
     cursor: Cursor = field(default_factory=Cursor)
     samples: int = 0
-    elapsed_s: float = 0.0  # wall time of training over all attempts, at the last commit
+    elapsed_s: float = 0.0  # wall time of the run over all attempts, at the last commit
+    train_s: float = 0.0  # time in training steps only (no evaluation, no checkpoints)
     target_reached: dict[str, float] | None = None  # {"step", "elapsed_s", "value"}
     scaler: dict[str, Any] = field(default_factory=dict)
     attempts: int = 1
@@ -27,6 +28,7 @@ class TrainState:
             "cursor": self.cursor.state_dict(),
             "samples": self.samples,
             "elapsed_s": self.elapsed_s,
+            "train_s": self.train_s,
             "target_reached": self.target_reached,
             "scaler": self.scaler,
             "attempts": self.attempts,
@@ -40,6 +42,7 @@ class TrainState:
             cursor=Cursor.from_state(data["cursor"]),
             samples=int(data["samples"]),
             elapsed_s=float(data["elapsed_s"]),
+            train_s=float(data.get("train_s", 0.0)),
             target_reached=data.get("target_reached"),
             scaler=dict(data.get("scaler") or {}),
             attempts=int(data.get("attempts", 1)),

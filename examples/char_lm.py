@@ -1,0 +1,179 @@
+"""A small decoder-only transformer trained on Python's own standard-library sources.
+
+Byte-level (256 symbols), no tokenizer, no download: the corpus is the `.py` files of
+the running interpreter's standard library, read in sorted order and cut at
+`CORPUS_BYTES`. The last 5% of the corpus is held out for validation.
+
+    python examples/char_lm.py                                  # one process
+    tandem run --nproc-per-node 2 examples/char_lm.py           # two processes
+    tandem run --nproc-per-node 2 examples/char_lm.py --train.steps 50
+"""
+
+from __future__ import annotations
+
+import math
+import sysconfig
+from functools import cache
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import Dataset
+
+import tandem
+
+SEQ_LEN = 128
+CORPUS_BYTES = 4_000_000
+VOCAB = 256
+
+
+@cache
+def corpus() -> torch.Tensor:
+    """The standard library's Python sources as one uint8 tensor (deterministic order)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks: list[bytes] = []
+    size = 0
+    for path in sorted(root.rglob("*.py")):
+        if "site-packages" in path.parts:
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data)
+        size += len(data)
+        if size >= CORPUS_BYTES:
+            break
+    text = b"".join(chunks)[:CORPUS_BYTES]
+    return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+class Windows(Dataset):
+    """Non-overlapping windows of SEQ_LEN + 1 bytes: inputs and next-byte targets."""
+
+    def __init__(self, split: str) -> None:
+        data = corpus()
+        cut = int(len(data) * 0.95)
+        self.data = data[:cut] if split == "train" else data[cut:]
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // SEQ_LEN
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        window = self.data[i * SEQ_LEN : i * SEQ_LEN + SEQ_LEN + 1].long()
+        return window[:-1], window[1:]
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention with separate q/k/v projections."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.v = nn.Linear(dim, dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+
+        def split(y: torch.Tensor) -> torch.Tensor:
+            return y.view(b, t, self.heads, -1).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)),
+                                             split(self.v(x)), is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """The feed-forward part of a block (4x expansion, GELU)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, 4 * dim, bias=False)
+        self.proj = nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class CharLM(nn.Module):
+    """A GPT-style byte-level language model."""
+
+    def __init__(self, dim: int = 128, layers: int = 4, heads: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.pos = nn.Parameter(torch.zeros(SEQ_LEN, dim))
+        self.blocks = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB, bias=False)
+        self.head.weight = self.embed.weight  # tied input and output embeddings
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and name != "pos":
+                nn.init.normal_(p, std=0.02)
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers))
+        nn.init.normal_(self.pos, std=0.01)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def loss(logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Mean next-byte cross-entropy over every position of the batch."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch[1].flatten())
+
+
+def bits_per_byte(logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy in bits: what a compressor built on the model would spend per byte."""
+    return loss(logits, batch) / math.log(2)
+
+
+def optimizer(params: object) -> torch.optim.Optimizer:
+    """AdamW with the usual transformer betas."""
+    return torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)  # type: ignore[arg-type]
+
+
+task = tandem.Task(
+    model=CharLM,
+    optimizer=optimizer,
+    train_data=lambda: Windows("train"),
+    eval_data=lambda: Windows("val"),
+    loss=loss,
+    metrics={"bits_per_byte": bits_per_byte},
+    tokens_per_sample=SEQ_LEN,
+)
+
+RECIPE = {
+    "train.steps": 300,
+    "train.global_batch": 32,
+    "train.eval_every": 100,
+    "train.eval_batch": 64,
+    "train.grad_clip": 1.0,
+    "optim.schedule": "warmup_cosine",
+    "optim.warmup_steps": 30,
+    "optim.min_lr_ratio": 0.1,
+}
+
+if __name__ == "__main__":
+    tandem.fit(task, defaults=RECIPE)

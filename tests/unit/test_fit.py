@@ -1,0 +1,93 @@
+"""One-process runs through tandem.fit: bad input stops early and clearly; precisions train."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import tandem
+from tests.dist import toy_task
+
+
+def _fit(tmp_path: Path, task: tandem.Task | None = None, **sections: dict) -> tandem.RunResult:
+    sections.setdefault("checkpoint", {"at_end": True})
+    cfg = toy_task.config(str(tmp_path), 6, 20, **sections)
+    return tandem.fit(task or toy_task.task(), config=cfg)
+
+
+def _with(**fields: object) -> tandem.Task:
+    base = dict(model=toy_task.make_model, optimizer=toy_task.make_optimizer,
+                train_data=toy_task.IndexedData, loss=toy_task.loss)
+    return tandem.Task(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_dataset_smaller_than_a_global_batch(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="larger than the training dataset"):
+        _fit(tmp_path, train={"global_batch": 400})
+
+
+def test_empty_dataset(tmp_path: Path) -> None:
+    empty = _with(train_data=lambda: TensorDataset(torch.zeros(0, 12), torch.zeros(0, 3)))
+    with pytest.raises(ValueError, match="training dataset is empty"):
+        _fit(tmp_path, empty)
+
+
+def test_micro_batch_that_does_not_divide(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="train.micro_batch: 3 must divide"):
+        _fit(tmp_path, train={"micro_batch": 3})
+
+
+def test_unwritable_run_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ValueError, match="run.dir: run directory .* is not writable"):
+        _fit(blocker)
+
+
+def test_unknown_target_metric(tmp_path: Path) -> None:
+    task = _with(eval_data=toy_task.IndexedData)
+    with pytest.raises(ValueError, match="train.target names 'accuracy'"):
+        _fit(tmp_path, task, train={"target": "accuracy>=0.5"})
+
+
+def test_resume_never_refuses_to_overwrite(tmp_path: Path) -> None:
+    _fit(tmp_path)
+    before = sorted(p.name for p in (tmp_path / "toy" / "checkpoints").iterdir())
+    with pytest.raises(ValueError, match="run.resume: 'never'"):
+        _fit(tmp_path, run={"resume": "never"})
+    assert sorted(p.name for p in (tmp_path / "toy" / "checkpoints").iterdir()) == before
+
+
+def test_checkpoint_of_another_model_names_the_keys(tmp_path: Path) -> None:
+    _fit(tmp_path)
+    wider = _with(model=lambda: nn.Sequential(nn.Linear(12, 64), nn.Tanh(), nn.Linear(64, 3)))
+    with pytest.raises(ValueError, match=r"0\.weight"):
+        _fit(tmp_path, wider, train={"steps": 8})
+
+
+def test_resume_continues_and_a_finished_run_stays_finished(tmp_path: Path) -> None:
+    first = _fit(tmp_path)
+    again = _fit(tmp_path)
+    assert again.summary["steps"] == first.summary["steps"] == 6
+    for a, b in zip(first.model.parameters(), again.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    events = [json.loads(line) for line in (tmp_path / "toy" / "metrics.jsonl").open()]
+    assert any(e.get("event") == "complete" for e in events)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16"])
+def test_mixed_precision_trains(tmp_path: Path, mode: str) -> None:
+    task = _with(eval_data=toy_task.IndexedData)
+    fp32 = _fit(tmp_path / "fp32", task, train={"steps": 30})
+    low = _fit(tmp_path / mode, task, train={"steps": 30}, precision={"mode": mode})
+    start = toy_task.reference(0, 20)[0]
+    x, y = toy_task.IndexedData().x, toy_task.IndexedData().y
+    with torch.no_grad():
+        initial = nn.functional.mse_loss(start(x), y).item()
+    assert low.summary["eval_loss"] < 0.9 * initial
+    assert low.summary["eval_loss"] == pytest.approx(fp32.summary["eval_loss"], rel=0.05)
