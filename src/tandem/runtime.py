@@ -138,8 +138,13 @@ def start(plan: PlanConfig) -> Runtime:
 
 
 def stop(runtime: Runtime) -> None:
-    """Destroy the process group that `start` created (not one the user made)."""
+    """Destroy the process group that `start` created (not one the user made).
+
+    The barrier first: destroying a gloo group while its worker thread still finishes
+    an earlier collective can deadlock on the GIL (seen with torch 2.13).
+    """
     if runtime.owns_group and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -20,6 +20,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tandem.monitor.live import Window
+
 log = logging.getLogger("tandem")
 
 
@@ -57,20 +59,23 @@ class Reporter:
         if self._file is not None:
             self._file.write(json.dumps({"time": time.time(), **row}) + "\n")
 
-    def train(self, step: int, loss: float, lr: float, samples_per_s: float,
-              extra: dict[str, float]) -> None:
-        """Show and record the figures of a logging window that ended at `step`."""
+    def window(self, window: Window) -> None:
+        """Show and record the job-wide figures of a logging window, and its events."""
         if not self.active:
             return
-        self.record({"kind": "train", "step": step, "loss": loss, "lr": lr,
-                     "samples_per_s": samples_per_s, **extra})
+        figures = {name: value for _, rank, name, value in window.rows if rank == -1}
+        self.record({"kind": "train", "step": window.step, **figures})
+        for event in window.events:
+            self.event(event.step, event.kind, event.message,
+                       {"value": event.value, "threshold": event.threshold})
         if self._file is not None:
             self._file.flush()
-        status = f"loss {loss:.4f}  {samples_per_s:,.0f} samples/s"
+        status = f"loss {window.loss:.4f}  {window.samples_per_s:,.0f} samples/s"
         if self._bar is not None:
-            self._bar.update(self._task, completed=step, status=status)
+            self._bar.update(self._task, completed=window.step, status=status)
         elif self._log_lines:
-            log.info("step %d/%d  %s  lr %.3g", step, self.total, status, lr)
+            log.info("step %d/%d  %s  lr %.3g", window.step, self.total, status,
+                     figures.get("lr", 0.0))
 
     def advance(self, step: int) -> None:
         """Move the bar without recording anything."""
@@ -91,11 +96,13 @@ class Reporter:
         elif self._log_lines:
             log.info(message)
 
-    def event(self, step: int, kind: str, message: str) -> None:
-        """Record and show something that happened (resume, restart, target reached)."""
+    def event(self, step: int, kind: str, message: str,
+              figures: dict[str, float] | None = None) -> None:
+        """Record and show something that happened (resume, restart, target, detector)."""
         if not self.active:
             return
-        self.record({"kind": "event", "step": step, "event": kind, "message": message})
+        self.record({"kind": "event", "step": step, "event": kind, "message": message,
+                     **(figures or {})})
         if self._bar is not None:
             self._bar.console.print(message)
         else:

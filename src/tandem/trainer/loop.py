@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from tandem import checkpoint, parallel
 from tandem.config import Config, parse_target
 from tandem.data.loader import train_batches
 from tandem.data.sampler import GlobalBatchSampler, split_batch
+from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
 from tandem.optim.schedule import LrController
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
@@ -50,6 +50,11 @@ class Trainer:
         self.state = TrainState()
         self.target = parse_target(train.target) if train.target else None
         self.last_eval: dict[str, float] = {}
+        self.monitor = LiveMonitor(
+            device=runtime.device, rank=runtime.rank, world_size=runtime.world_size,
+            log_every=config.monitor.log_every, global_batch=train.global_batch,
+            accum=self.accum, tokens_per_sample=task.tokens_per_sample,
+            timing=config.monitor.timing)
 
     # ----------------------------------------------------------------- resume
     def resume(self) -> Path | None:
@@ -88,12 +93,15 @@ class Trainer:
                         keep=self.config.checkpoint.keep)
 
     # ------------------------------------------------------------------ steps
-    def _train_step(self, batches: Any) -> torch.Tensor:
-        """One optimizer step over `accum` micro-batches; returns the summed micro losses."""
-        task, model, precision = self.task, self.model, self.precision
+    def _train_step(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over `accum` micro-batches: (summed micro losses, grad norm)."""
+        task, model, precision, clock = self.task, self.model, self.precision, self.monitor.clock
         total = torch.zeros((), device=self.runtime.device)
         for k in range(self.accum):
+            clock.begin("data")
             batch = next(batches)
+            clock.end()
+            clock.begin("compute", on_device=True)
             sync = parallel.no_sync(model) if k < self.accum - 1 else contextlib.nullcontext()
             with sync:
                 with precision.autocast():
@@ -102,11 +110,13 @@ class Trainer:
                 # gradient of the mean loss over the whole global batch.
                 precision.backward(loss / self.accum)
             total += loss.detach().float()
-        if self.config.train.grad_clip > 0:
-            precision.clip(self.optimizer, self.params, self.config.train.grad_clip)
+            clock.end()
+        clock.begin("optim", on_device=True)
+        norm = precision.grad_norm(self.optimizer, self.params, self.config.train.grad_clip)
         precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
-        return total
+        clock.end()
+        return total, norm
 
     def _evaluate(self) -> dict[str, float]:
         if self.eval_dataset is None:
@@ -143,12 +153,12 @@ class Trainer:
         )
         batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
         clock = _Clock(state.elapsed_s)
-        window = _Window(rt.device)
+        window = _Window()
         self.model.train()
         while state.step < cfg.train.steps:
             seed_step(cfg.run.seed, rt.rank, state.step)
             window.lr = self.lr.apply(state.step)
-            window.loss += self._train_step(batches)
+            self.monitor.step(*self._train_step(batches))
             window.steps += 1
             state.step += 1
             state.cursor.take(cfg.train.global_batch, sampler.dataset_len)
@@ -167,12 +177,11 @@ class Trainer:
         return self.summary()
 
     def _log_window(self, window: _Window, reporter: Reporter) -> None:
-        seconds = window.busy
-        self.state.train_s += seconds
-        mean_loss = self._reduce_mean(window.loss) / (window.steps * self.accum)
-        reporter.train(self.state.step, mean_loss, window.lr,
-                       window.steps * self.config.train.global_batch / seconds,
-                       {"loss_scale": self.precision.loss_scale})
+        self.state.train_s += window.busy
+        closed = self.monitor.close(self.state.step, window.busy,
+                                    {"lr": window.lr, "loss_scale": self.precision.loss_scale})
+        if closed is not None:
+            reporter.window(closed)
         window.clear()
 
     def _on_schedule(self, last: bool, reporter: Reporter, clock: _Clock) -> None:
@@ -191,13 +200,6 @@ class Trainer:
         if (every and state.step % every == 0) or (last and cfg.checkpoint.at_end):
             state.elapsed_s = clock.elapsed()
             self._save()
-
-    def _reduce_mean(self, value: torch.Tensor) -> float:
-        if dist.is_initialized():
-            value = value.clone()
-            dist.all_reduce(value)
-            value /= self.runtime.world_size
-        return float(value.item())
 
     def summary(self) -> dict[str, Any]:
         """The run's outcome as JSON-ready values."""
@@ -237,10 +239,9 @@ class _Clock:
 
 
 class _Window:
-    """Loss and time of the training steps since the last log line."""
+    """Steps and training time since the last log line."""
 
-    def __init__(self, device: torch.device) -> None:
-        self.loss = torch.zeros((), device=device)
+    def __init__(self) -> None:
         self.steps = 0
         self.lr = 0.0
         self.busy = 0.0
@@ -255,6 +256,5 @@ class _Window:
         self.start = time.perf_counter()
 
     def clear(self) -> None:
-        self.loss.zero_()
         self.steps = 0
         self.busy = 0.0

@@ -45,11 +45,18 @@ class Precision:
         """Backward of the (scaled, when fp16) loss."""
         self.scaler.scale(loss).backward()
 
-    def clip(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-             max_norm: float) -> torch.Tensor:
-        """Clip the true (unscaled) global gradient norm; return the norm before clipping."""
+    def grad_norm(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                  max_norm: float) -> torch.Tensor:
+        """The true (unscaled) global gradient norm; clip to `max_norm` when it is > 0.
+
+        Called after the gradients are complete (all-reduced, accumulated), so the norm
+        is the same on every rank.
+        """
         self.scaler.unscale_(optimizer)
-        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if max_norm > 0:
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grads = [p.grad for p in params if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Step the optimizer (skipped by the scaler if fp16 gradients overflowed)."""

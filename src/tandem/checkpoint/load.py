@@ -1,0 +1,111 @@
+"""Finding the newest good checkpoint, and loading one into live state."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from tandem.checkpoint import _dist, layout, manifest
+from tandem.checkpoint.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+# Enough names to recognise the problem without drowning the message.
+_MAX_NAMED = 20
+
+
+def latest(root: Path) -> Path | None:
+    """Return the newest committed checkpoint under ``root`` that verifies, or None.
+
+    Must be called on all ranks: rank 0 scans and verifies (sizes and sha256 of every
+    file) and broadcasts the answer. Bad checkpoints are skipped with a warning that
+    names the checkpoint and what is wrong.
+    """
+    found = _dist.on_rank_zero(lambda: _scan(Path(root)))
+    return None if found is None else Path(found)
+
+
+def _scan(root: Path) -> str | None:
+    try:
+        candidates = layout.step_dirs(root)
+    except OSError as err:
+        raise CheckpointError(f"cannot list checkpoint directory {root}: {err}") from err
+    for step, path in candidates:
+        try:
+            found = manifest.verify(path, hashes=True)
+        except CheckpointError as err:
+            logger.warning("skipping bad checkpoint: %s", err)
+            continue
+        if found["step"] != step:
+            logger.warning(
+                "skipping bad checkpoint: %s: manifest says step %s", path, found["step"]
+            )
+            continue
+        return str(path)
+    return None
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """Return the ``meta`` recorded in a checkpoint's manifest, without loading tensors."""
+    return manifest.read(Path(path))["meta"]
+
+
+def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """Load a checkpoint's tensors into ``state`` in place and return its ``meta``.
+
+    Must be called on all ranks when a process group exists; DCP reshards, so the
+    checkpoint may come from any world size. Only the top-level sections present in
+    ``state`` are loaded (``{"model": ...}`` alone loads a training checkpoint's
+    weights). Raise ValueError naming missing, unexpected and shape-mismatched keys
+    when the checkpoint does not fit ``state``, CheckpointError when it is unusable.
+    """
+    path = Path(path)
+    # Sizes only: latest() already hashed it, and hashing again doubles resume time.
+    found = manifest.verify(path, hashes=False)
+    check_shapes(path, found["shapes"], manifest.tensor_shapes(state))
+    try:
+        with _dist.single_process_quiet():
+            dcp.load(state, checkpoint_id=path, no_dist=not _dist.initialized())
+    except (Exception, CheckpointException) as err:
+        # CheckpointException is a BaseException: it must be named to be caught.
+        raise CheckpointError(f"loading checkpoint {path} failed: {err}") from err
+    _dist.settle()
+    return found["meta"]
+
+
+def check_shapes(path: Path, saved: dict[str, list[int]], wanted: dict[str, list[int]]) -> None:
+    """Raise ValueError if the tensors of ``wanted`` do not match those ``saved``.
+
+    Saved keys under top-level sections that ``wanted`` does not have are not loaded,
+    so they are not reported as unexpected.
+    """
+    sections = {key.split(".", 1)[0] for key in wanted}
+    saved = {key: shape for key, shape in saved.items() if key.split(".", 1)[0] in sections}
+    missing = sorted(wanted.keys() - saved.keys())
+    unexpected = sorted(saved.keys() - wanted.keys())
+    mismatched = sorted(
+        f"{key} (checkpoint {saved[key]}, state {wanted[key]})"
+        for key in wanted.keys() & saved.keys()
+        if list(saved[key]) != list(wanted[key])
+    )
+    problems = [
+        f"{label}: {_names(keys)}"
+        for label, keys in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatch", mismatched),
+        )
+        if keys
+    ]
+    if problems:
+        raise ValueError(f"checkpoint {path} does not match the state: " + "; ".join(problems))
+
+
+def _names(keys: list[str]) -> str:
+    shown = ", ".join(keys[:_MAX_NAMED])
+    extra = len(keys) - _MAX_NAMED
+    return shown + (f", ... and {extra} more" if extra > 0 else "")

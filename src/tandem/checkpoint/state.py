@@ -1,0 +1,31 @@
+"""Capture and restore model + optimizer state in the form DCP saves and reshards."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.optim import Optimizer
+
+
+def capture(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+    """Return ``{"model": ..., "optim": ...}`` for a plain, DDP or FSDP2 model.
+
+    Keys are the unwrapped module's names (no ``module.`` prefix from DDP), so a
+    checkpoint moves between wrappings. Must be called on all ranks for FSDP2. On a
+    fresh optimizer this creates its state with a zero-gradient, zero-lr step, so call
+    it before the first backward when capturing a target to load into.
+    """
+    model_state, optim_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optim_state}
+
+
+def restore(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> None:
+    """Copy a loaded ``{"model": ..., "optim": ...}`` state into the model and optimizer."""
+    for key in ("model", "optim"):
+        if key not in state:
+            raise ValueError(f"state must have a {key!r} entry, got keys {sorted(state)}")
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )

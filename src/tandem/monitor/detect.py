@@ -1,0 +1,106 @@
+"""Training-health detectors: each turns a series into events with value and threshold.
+
+| detector            | fires when                                                         |
+| ------------------- | ------------------------------------------------------------------ |
+| nonfinite           | a loss or gradient norm is NaN or Inf                              |
+| loss_spike          | robust z-score of a loss vs the trailing window > SPIKE_Z          |
+| grad_explosion      | robust z-score of a grad norm vs the trailing window > GRAD_Z      |
+| throughput_drop     | window throughput < DROP_RATIO x the median of the trailing window |
+| data_stall          | data wait > STALL_FRACTION of a window's step time                 |
+
+Robust z-score = 0.6745 (x - median) / MAD over the trailing window (Iglewicz and
+Hoaglin); it ignores the ordinary noise of a decreasing loss curve and fires on
+outliers. Detectors stay silent until the window holds MIN_HISTORY values.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+SPIKE_Z = 6.0
+GRAD_Z = 8.0
+DROP_RATIO = 0.6
+STALL_FRACTION = 0.5
+MIN_HISTORY = 8
+WINDOW = 50
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something a detector saw."""
+
+    kind: str
+    step: int
+    value: float
+    threshold: float
+    message: str
+
+
+def robust_z(value: float, history: list[float]) -> float:
+    """0.6745 (value - median) / MAD of `history` (0 when the MAD is 0 and value = median)."""
+    median = statistics.median(history)
+    mad = statistics.median(abs(x - median) for x in history)
+    if mad == 0:
+        scale = abs(median) * 1e-3 or 1e-12  # a flat history: judge against 0.1% of it
+        return 0.6745 * (value - median) / scale
+    return 0.6745 * (value - median) / mad
+
+
+class OutlierDetector:
+    """Fires when a value is an upward outlier of its trailing window."""
+
+    def __init__(self, kind: str, what: str, z: float, window: int = WINDOW) -> None:
+        self.kind, self.what, self.z = kind, what, z
+        self.history: deque[float] = deque(maxlen=window)
+
+    def update(self, step: int, value: float) -> Event | None:
+        """Feed one value; return an event if it is an outlier (it is not added then)."""
+        if not math.isfinite(value):
+            return None  # the nonfinite detector reports these
+        if len(self.history) >= MIN_HISTORY:
+            score = robust_z(value, list(self.history))
+            if score > self.z:
+                return Event(self.kind, step, value, self.z,
+                             f"{self.what} {value:.4g} at step {step} is an outlier "
+                             f"(robust z {score:.1f} > {self.z})")
+        self.history.append(value)
+        return None
+
+
+class HealthDetectors:
+    """All detectors of one run, fed once per step or per logging window."""
+
+    def __init__(self) -> None:
+        self.loss = OutlierDetector("loss_spike", "loss", SPIKE_Z)
+        self.grad = OutlierDetector("grad_explosion", "gradient norm", GRAD_Z)
+        self.rates: deque[float] = deque(maxlen=WINDOW)
+
+    def step(self, step: int, loss: float, grad_norm: float | None) -> list[Event]:
+        """Check one step's loss and gradient norm."""
+        events = []
+        for name, value in (("loss", loss), ("gradient norm", grad_norm)):
+            if value is not None and not math.isfinite(value):
+                events.append(Event("nonfinite", step, value, 0.0,
+                                    f"{name} is {value} at step {step}"))
+        for detector, value in ((self.loss, loss), (self.grad, grad_norm)):
+            if value is not None and (event := detector.update(step, value)):
+                events.append(event)
+        return events
+
+    def window(self, step: int, samples_per_s: float, data_fraction: float) -> list[Event]:
+        """Check one logging window's throughput and data wait."""
+        events = []
+        if len(self.rates) >= MIN_HISTORY:
+            median = statistics.median(self.rates)
+            if samples_per_s < DROP_RATIO * median:
+                events.append(Event("throughput_drop", step, samples_per_s, DROP_RATIO * median,
+                                    f"throughput fell to {samples_per_s:,.0f} samples/s "
+                                    f"(trailing median {median:,.0f})"))
+        self.rates.append(samples_per_s)
+        if data_fraction > STALL_FRACTION:
+            events.append(Event("data_stall", step, data_fraction, STALL_FRACTION,
+                                f"waiting for data took {data_fraction:.0%} of step time"))
+        return events

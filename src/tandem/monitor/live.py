@@ -1,0 +1,140 @@
+"""The live monitor: per-step figures on the device, one gather per logging window.
+
+Each step leaves its loss and gradient norm in device tensors (no synchronisation).
+When a logging window closes, every rank packs its figures into one fixed-size vector
+and a single all_gather brings them to rank 0, which derives the job's figures,
+per-rank skew (straggler scores), runs the health detectors and hands rows to the
+sinks. That gather replaces the loss all-reduce a plain loop would do anyway.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from tandem.monitor.detect import Event, HealthDetectors
+from tandem.monitor.phases import PHASES, PhaseClock
+from tandem.monitor.system import SystemSampler
+
+Row = tuple[int, int, str, float]  # step, rank (-1 = whole job), name, value
+_FIXED = ("loss_sum", "steps", "busy", *PHASES, "rss")
+
+
+@dataclass
+class Window:
+    """What rank 0 learned from one logging window."""
+
+    step: int
+    loss: float
+    samples_per_s: float
+    rows: list[Row] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+class LiveMonitor:
+    """Collects step figures on every rank and turns them into windows on rank 0."""
+
+    def __init__(self, *, device: torch.device, rank: int, world_size: int, log_every: int,
+                 global_batch: int, accum: int, tokens_per_sample: int | None,
+                 timing: bool = True) -> None:
+        self.device, self.rank, self.world = device, rank, world_size
+        self.log_every, self.global_batch, self.accum = log_every, global_batch, accum
+        self.tokens_per_sample = tokens_per_sample
+        self.clock = PhaseClock(device, enabled=timing)
+        self.detectors = HealthDetectors()
+        self.system = SystemSampler() if rank == 0 else None
+        self.static: dict[str, float] = {}  # calibration results, added to every window
+        self._losses: list[torch.Tensor] = []
+        self._norms: list[torch.Tensor] = []
+        self._process = psutil.Process()
+
+    def step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """Keep one step's summed micro-batch losses and gradient norm (no sync)."""
+        self._losses.append(loss_sum.detach().float())
+        self._norms.append(grad_norm.detach().float())
+
+    def _pack(self, busy: float) -> torch.Tensor:
+        """This rank's window as one vector of fixed size 2 x log_every + len(_FIXED)."""
+        n = len(self._losses)
+        pad = self.log_every - n
+        nan = torch.full((pad,), math.nan, device=self.device)
+        losses = torch.cat([torch.stack(self._losses), nan])
+        norms = torch.cat([torch.stack(self._norms), nan])
+        phases = self.clock.collect()
+        fixed = [0.0, float(n), busy, *(phases[p] for p in PHASES),
+                 float(self._process.memory_info().rss)]
+        head = torch.tensor(fixed, dtype=torch.float64, device=self.device)
+        head[0] = losses[:n].sum()
+        return torch.cat([head, losses.double(), norms.double()])
+
+    def close(self, step: int, busy: float, extra: dict[str, float]) -> Window | None:
+        """End a window: gather from all ranks; rank 0 gets the Window. All ranks."""
+        if not self._losses:
+            return None
+        mine = self._pack(busy)
+        if dist.is_initialized():
+            everyone = [torch.empty_like(mine) for _ in range(self.world)]
+            dist.all_gather(everyone, mine)
+            table = torch.stack(everyone).cpu()
+        else:
+            table = mine.unsqueeze(0).cpu()
+        self._losses.clear()
+        self._norms.clear()
+        if self.rank != 0:
+            return None
+        return self._derive(step, table, extra)
+
+    def _derive(self, step: int, table: torch.Tensor, extra: dict[str, float]) -> Window:
+        k = len(_FIXED)
+        fixed = {name: table[:, i].tolist() for i, name in enumerate(_FIXED)}
+        steps = int(fixed["steps"][0])
+        per_step_loss = (table[:, k:k + steps].sum(0) / (self.world * self.accum)).tolist()
+        grad_norms = table[0, k + self.log_every:k + self.log_every + steps].tolist()
+        loss = sum(fixed["loss_sum"]) / (self.world * steps * self.accum)
+        busy = max(fixed["busy"])
+        rate = steps * self.global_batch / busy if busy > 0 else 0.0
+        rows: list[Row] = [(step, -1, "loss", loss), (step, -1, "samples_per_s", rate),
+                           (step, -1, "time/step", busy / steps)]
+        if self.tokens_per_sample:
+            rows.append((step, -1, "tokens_per_s", rate * self.tokens_per_sample))
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        if finite:
+            rows.append((step, -1, "grad_norm", statistics.fmean(finite)))
+        step_times = [b / steps for b in fixed["busy"]]
+        median = statistics.median(step_times)
+        for r in range(self.world):
+            rows.append((step, r, "time/step", step_times[r]))
+            rows.append((step, r, "straggler/score", step_times[r] / median if median else 1.0))
+            rows.append((step, r, "mem/rss_bytes", fixed["rss"][r]))
+            for phase in PHASES:
+                rows.append((step, r, f"time/{phase}", fixed[phase][r] / steps))
+        for phase in PHASES:
+            rows.append((step, -1, f"time/{phase}", statistics.fmean(fixed[phase]) / steps))
+        system = self.system.sample() if self.system else {}
+        rows += [(step, -1, name, value) for name, value in {**self.static, **extra,
+                                                               **system}.items()]
+        events = self._detect(step, per_step_loss, grad_norms[:steps], rate,
+                              statistics.fmean(fixed["data"]) / max(busy, 1e-12))
+        return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events)
+
+    def _detect(self, step: int, losses: list[float], norms: list[float], rate: float,
+                data_fraction: float) -> list[Event]:
+        events: list[Event] = []
+        first = step - len(losses) + 1
+        for i, (loss, norm) in enumerate(zip(losses, norms, strict=True)):
+            events += self.detectors.step(first + i, loss, norm)
+        events += self.detectors.window(step, rate, data_fraction)
+        return events
+
+
+def emit(window: Window, sinks: list[Callable[[Window], Any]]) -> None:
+    """Hand a window to every sink (reporter, run store, ...)."""
+    for sink in sinks:
+        sink(window)

@@ -1,0 +1,69 @@
+"""Host and device figures: memory, CPU, network and disk counters."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import torch
+from torch import nn
+
+
+def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
+    """Bytes of parameters, gradients and optimizer state held by this rank."""
+
+    def size(t: torch.Tensor) -> int:
+        local = t.to_local() if hasattr(t, "to_local") else t  # DTensor shards
+        return local.numel() * local.element_size()
+
+    params = [p for p in model.parameters()]
+    opt_bytes = sum(size(v) for state in optimizer.state.values() for v in state.values()
+                    if isinstance(v, torch.Tensor))
+    return {
+        "mem/param_bytes": float(sum(size(p) for p in params)),
+        "mem/grad_bytes": float(sum(size(p) for p in params if p.requires_grad)),
+        "mem/optim_bytes": float(opt_bytes),
+    }
+
+
+def memory(device: torch.device) -> dict[str, float]:
+    """This process's resident memory and, on CUDA, allocator figures."""
+    figures = {"mem/rss_bytes": float(psutil.Process().memory_info().rss)}
+    if device.type == "cuda":
+        figures["mem/cuda_allocated_bytes"] = float(torch.cuda.memory_allocated(device))
+        figures["mem/cuda_reserved_bytes"] = float(torch.cuda.memory_reserved(device))
+        figures["mem/cuda_peak_bytes"] = float(torch.cuda.max_memory_allocated(device))
+        total = torch.cuda.get_device_properties(device).total_memory
+        figures["mem/cuda_total_bytes"] = float(total)
+    return figures
+
+
+class SystemSampler:
+    """CPU utilisation and network/disk byte rates between two calls."""
+
+    def __init__(self) -> None:
+        self.process = psutil.Process()
+        self.process.cpu_percent(None)
+        psutil.cpu_percent(None)
+        self._last = time.perf_counter()
+        self._net = psutil.net_io_counters()
+        self._disk = psutil.disk_io_counters()
+
+    def sample(self) -> dict[str, float]:
+        """Figures since the previous sample."""
+        now = time.perf_counter()
+        span = max(now - self._last, 1e-9)
+        net, disk = psutil.net_io_counters(), psutil.disk_io_counters()
+        figures = {
+            "sys/cpu_percent": psutil.cpu_percent(None),
+            "sys/process_cpu_percent": self.process.cpu_percent(None),
+        }
+        if net is not None and self._net is not None:
+            moved = (net.bytes_sent + net.bytes_recv) - (self._net.bytes_sent + self._net.bytes_recv)
+            figures["sys/net_bytes_per_s"] = moved / span
+        if disk is not None and self._disk is not None:
+            before = self._disk.read_bytes + self._disk.write_bytes
+            moved = disk.read_bytes + disk.write_bytes - before
+            figures["sys/disk_bytes_per_s"] = moved / span
+        self._last, self._net, self._disk = now, net, disk
+        return figures
