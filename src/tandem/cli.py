@@ -1,32 +1,102 @@
-"""The `tandem` command."""
+"""The `tandem` command: run, config, runs, report, compare."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
 
 from tandem import launch
 from tandem.config import reference
 
 
+def _store_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", default="runs/tandem.db",
+                        help="the run store (default: runs/tandem.db)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tandem", description="Run a tandem training script on 1..N processes.")
+        prog="tandem", description="Run, measure and compare tandem training runs.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="launch a script on this node (and others) via torchrun")
     launch.add_arguments(run)
     sub.add_parser("config", help="list every config option with its default")
+    runs = sub.add_parser("runs", help="list the runs in the run store")
+    _store_arg(runs)
+    report = sub.add_parser("report", help="summarise a run and write its HTML report")
+    report.add_argument("run", help="run id, unique id prefix, or run name (latest)")
+    report.add_argument("--html", default=None, help="report file (default: <run>.html)")
+    _store_arg(report)
+    compare = sub.add_parser("compare", help="set runs side by side (table and HTML)")
+    compare.add_argument("runs", nargs="+", help="two or more runs")
+    compare.add_argument("--html", default="compare.html", help="comparison file")
+    _store_arg(compare)
     return parser
+
+
+def _open_store(path: str):  # noqa: ANN202 - RunStore, imported lazily for a fast `run`
+    from tandem.monitor.store import RunStore
+
+    if not Path(path).is_file():
+        raise ValueError(f"--store: no run store at {path!r}; runs write one to "
+                         "<run.dir>/tandem.db")
+    return RunStore(path)
+
+
+def _list_runs(store_path: str, console: Console) -> None:
+    with _open_store(store_path) as store:
+        table = Table(title=f"runs in {store_path}")
+        for column in ("run id", "name", "status", "world", "steps", "final loss"):
+            table.add_column(column)
+        for run in store.runs():
+            summary = run.get("summary") or {}
+            env = run.get("env") or {}
+            loss = store.metrics(run["run_id"], name="loss", rank=-1)
+            table.add_row(run["run_id"], run["name"], run["status"],
+                          str(env.get("world_size", "")), str(summary.get("steps", "")),
+                          f"{loss[-1]['value']:.4f}" if loss else "")
+        console.print(table)
+
+
+def _report(ns: argparse.Namespace, console: Console) -> None:
+    from tandem.analyze.report import print_summary, write_html
+
+    with _open_store(ns.store) as store:
+        run_id = store.run(ns.run)["run_id"]
+        print_summary(store, run_id, console)
+        path = write_html(store, run_id, Path(ns.html or f"{run_id}.html"))
+    console.print(f"report written to {path}")
+
+
+def _compare(ns: argparse.Namespace, console: Console) -> None:
+    from tandem.analyze.report import compare, compare_table
+
+    with _open_store(ns.store) as store:
+        ids = [store.run(name)["run_id"] for name in ns.runs]
+        console.print(compare_table(store, ids))
+        path = compare(store, ids, Path(ns.html))
+    console.print(f"comparison written to {path}")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tandem` console script."""
     ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    console = Console()
     try:
         if ns.command == "run":
             launch.launch(ns)
         elif ns.command == "config":
             print(reference())
+        elif ns.command == "runs":
+            _list_runs(ns.store, console)
+        elif ns.command == "report":
+            _report(ns, console)
+        elif ns.command == "compare":
+            _compare(ns, console)
     except ValueError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
         return 2

@@ -112,6 +112,7 @@ class MonitorConfig:
 
     log_every: int = _doc(10, "record loss and throughput every N steps")
     timing: bool = _doc(True, "time the phases of each step (data, compute, optimizer)")
+    store: str = _doc("", "SQLite run store (default: <run.dir>/tandem.db)")
     progress: Literal["auto", "bar", "log", "off"] = _doc(
         "auto", "rank 0 progress: a live bar (terminals), log lines, or nothing"
     )

@@ -15,6 +15,7 @@ from torch import nn
 from tandem import parallel
 from tandem.config import Config, load, parse_args, reference, validate
 from tandem.monitor.progress import Reporter
+from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
 from tandem.trainer.loop import Trainer
@@ -88,9 +89,15 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
     run_dir = prepare_run_dir(config, name, runtime)
     trainer = Trainer(task, config, runtime, run_dir)
     found = trainer.resume()
-    reporter = Reporter(run_dir, config.train.steps, trainer.state.step,
+    recorder = None
+    if runtime.is_main:
+        trainer.state.run_id = trainer.state.run_id or new_run_id(name)
+        recorder = Recorder(store_path(config), trainer.state.run_id, name, config.to_dict(),
+                            trainer.plan(), str(runtime.device), runtime.world_size)
+    reporter = Reporter(recorder, config.train.steps, trainer.state.step,
                         config.monitor.progress, active=runtime.is_main)
     summary: dict[str, Any] | None = None
+    status = "failed"
     try:
         if runtime.restart_count:
             reporter.event(trainer.state.step, "restart",
@@ -106,6 +113,14 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
         summary = trainer.run(reporter)
         if runtime.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        status = "completed"
         return RunResult(model=parallel.unwrap(trainer.model), summary=summary, run_dir=run_dir)
     finally:
-        reporter.close(summary)
+        reporter.close(summary, status)
+
+
+def store_path(config: Config) -> Path:
+    """Where the run store lives: `monitor.store`, or `<run.dir>/tandem.db`."""
+    if config.monitor.store:
+        return Path(config.monitor.store).expanduser().resolve()
+    return Path(config.run.dir).expanduser().resolve() / "tandem.db"

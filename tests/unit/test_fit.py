@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import tandem
+from tandem.monitor.store import RunStore
 from tests.dist import toy_task
 
 
@@ -76,8 +76,12 @@ def test_resume_continues_and_a_finished_run_stays_finished(tmp_path: Path) -> N
     assert again.summary["steps"] == first.summary["steps"] == 6
     for a, b in zip(first.model.parameters(), again.model.parameters(), strict=True):
         assert torch.equal(a, b)
-    events = [json.loads(line) for line in (tmp_path / "toy" / "metrics.jsonl").open()]
-    assert any(e.get("event") == "complete" for e in events)
+    with RunStore(tmp_path / "tandem.db") as store:
+        run = store.run("toy")
+        kinds = [e["kind"] for e in store.events(run["run_id"])]
+        assert run["status"] == "completed" and run["run_id"].startswith("toy-")
+    assert "resume" in kinds and "complete" in kinds
+    assert len(store_runs(tmp_path)) == 1  # a resume continues the same record
 
 
 @pytest.mark.parametrize("mode", ["bf16", "fp16"])
@@ -91,3 +95,23 @@ def test_mixed_precision_trains(tmp_path: Path, mode: str) -> None:
         initial = nn.functional.mse_loss(start(x), y).item()
     assert low.summary["eval_loss"] < 0.9 * initial
     assert low.summary["eval_loss"] == pytest.approx(fp32.summary["eval_loss"], rel=0.05)
+
+
+def store_runs(run_dir: Path) -> list[dict]:
+    with RunStore(run_dir / "tandem.db") as store:
+        return store.runs()
+
+
+def test_the_run_store_holds_the_windows_and_evaluations(tmp_path: Path) -> None:
+    task = _with(eval_data=toy_task.IndexedData)
+    result = _fit(tmp_path, task, train={"steps": 20, "eval_every": 10},
+                  monitor={"log_every": 5})
+    with RunStore(tmp_path / "tandem.db") as store:
+        run_id = store.runs()[0]["run_id"]
+        loss = store.metrics(run_id, name="loss", rank=-1)
+        evals = store.metrics(run_id, name="eval_loss")
+        per_rank = store.metrics(run_id, name="time/step", rank=0)
+    assert [m["step"] for m in loss] == [5, 10, 15, 20]
+    assert [m["step"] for m in evals] == [10, 20]
+    assert evals[-1]["value"] == pytest.approx(result.summary["eval_loss"])
+    assert len(per_rank) == 4 and all(m["value"] > 0 for m in per_rank)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import time
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -21,27 +18,26 @@ from rich.progress import (
 from rich.table import Table
 
 from tandem.monitor.live import Window
+from tandem.monitor.recorder import Recorder
 
 log = logging.getLogger("tandem")
 
 
 class Reporter:
-    """Rank 0's view of the run: a live bar or log lines, and `metrics.jsonl`.
+    """Rank 0's view of the run: a live bar or log lines, and the run store's record.
 
     Other ranks get a Reporter with `active=False`, which does nothing.
     """
 
-    def __init__(self, run_dir: Path | None, total_steps: int, start_step: int, mode: str,
-                 active: bool) -> None:
+    def __init__(self, recorder: Recorder | None, total_steps: int, start_step: int,
+                 mode: str, active: bool) -> None:
         self.active = active
         self.total = total_steps
-        self._file: IO[str] | None = None
+        self.recorder = recorder
         self._bar: Progress | None = None
         self._task: Any = None
         if not active:
             return
-        if run_dir is not None:
-            self._file = (run_dir / "metrics.jsonl").open("a", encoding="utf-8")
         if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
             self._bar = Progress(
                 TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
@@ -54,22 +50,15 @@ class Reporter:
             self._bar.start()
         self._log_lines = mode in ("log", "auto") and self._bar is None
 
-    def record(self, row: dict[str, Any]) -> None:
-        """Append one row (step, time and named values) to metrics.jsonl."""
-        if self._file is not None:
-            self._file.write(json.dumps({"time": time.time(), **row}) + "\n")
-
     def window(self, window: Window) -> None:
         """Show and record the job-wide figures of a logging window, and its events."""
         if not self.active:
             return
         figures = {name: value for _, rank, name, value in window.rows if rank == -1}
-        self.record({"kind": "train", "step": window.step, **figures})
+        if self.recorder is not None:
+            self.recorder.window(window)
         for event in window.events:
-            self.event(event.step, event.kind, event.message,
-                       {"value": event.value, "threshold": event.threshold})
-        if self._file is not None:
-            self._file.flush()
+            self._show(event.message)
         status = f"loss {window.loss:.4f}  {window.samples_per_s:,.0f} samples/s"
         if self._bar is not None:
             self._bar.update(self._task, completed=window.step, status=status)
@@ -86,9 +75,8 @@ class Reporter:
         """Show and record evaluation results."""
         if not self.active:
             return
-        self.record({"kind": "eval", "step": step, **values})
-        if self._file is not None:
-            self._file.flush()
+        if self.recorder is not None:
+            self.recorder.values(step, values)
         shown = "  ".join(f"{k} {v:.4f}" for k, v in values.items())
         message = f"eval @ step {step}: {shown}"
         if self._bar is not None:
@@ -96,28 +84,31 @@ class Reporter:
         elif self._log_lines:
             log.info(message)
 
-    def event(self, step: int, kind: str, message: str,
-              figures: dict[str, float] | None = None) -> None:
-        """Record and show something that happened (resume, restart, target, detector)."""
+    def event(self, step: int, kind: str, message: str, value: float | None = None,
+              threshold: float | None = None) -> None:
+        """Record and show something that happened (resume, restart, target, ...)."""
         if not self.active:
             return
-        self.record({"kind": "event", "step": step, "event": kind, "message": message,
-                     **(figures or {})})
+        if self.recorder is not None:
+            self.recorder.event(step, kind, message, value, threshold)
+        self._show(message)
+
+    def _show(self, message: str) -> None:
         if self._bar is not None:
             self._bar.console.print(message)
         else:
             log.info(message)
 
-    def close(self, summary: dict[str, Any] | None) -> None:
-        """Stop the bar, print the summary table, close the file."""
+    def close(self, summary: dict[str, Any] | None, status: str) -> None:
+        """Stop the bar, print the summary table, finish the run's record."""
         if not self.active:
             return
         if self._bar is not None:
             self._bar.stop()
         if summary is not None:
             print_summary(summary, Console(stderr=True))
-        if self._file is not None:
-            self._file.close()
+        if self.recorder is not None:
+            self.recorder.finish(status, summary or {})
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:

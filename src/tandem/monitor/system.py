@@ -59,7 +59,8 @@ class SystemSampler:
             "sys/process_cpu_percent": self.process.cpu_percent(None),
         }
         if net is not None and self._net is not None:
-            moved = (net.bytes_sent + net.bytes_recv) - (self._net.bytes_sent + self._net.bytes_recv)
+            before = self._net.bytes_sent + self._net.bytes_recv
+            moved = net.bytes_sent + net.bytes_recv - before
             figures["sys/net_bytes_per_s"] = moved / span
         if disk is not None and self._disk is not None:
             before = self._disk.read_bytes + self._disk.write_bytes

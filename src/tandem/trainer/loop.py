@@ -56,6 +56,20 @@ class Trainer:
             accum=self.accum, tokens_per_sample=task.tokens_per_sample,
             timing=config.monitor.timing)
 
+    def plan(self) -> dict[str, Any]:
+        """The execution plan in force: how the work is spread and computed."""
+        cfg = self.config
+        return {
+            "strategy": parallel.resolve_strategy(cfg.plan, self.runtime),
+            "world_size": self.runtime.world_size,
+            "micro_batch": self.micro,
+            "accumulation": self.accum,
+            "bucket_mb": cfg.plan.bucket_mb,
+            "precision": cfg.precision.mode,
+            "data_workers": cfg.data.workers,
+            "device": str(self.runtime.device),
+        }
+
     # ----------------------------------------------------------------- resume
     def resume(self) -> Path | None:
         """Load the latest good checkpoint, as the resume policy says. All ranks."""

@@ -20,6 +20,7 @@ class TrainState:
     target_reached: dict[str, float] | None = None  # {"step", "elapsed_s", "value"}
     scaler: dict[str, Any] = field(default_factory=dict)
     attempts: int = 1
+    run_id: str = ""  # the run's id in the run store, kept across resumes
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -32,6 +33,7 @@ class TrainState:
             "target_reached": self.target_reached,
             "scaler": self.scaler,
             "attempts": self.attempts,
+            "run_id": self.run_id,
         }
 
     @classmethod
@@ -46,4 +48,5 @@ class TrainState:
             target_reached=data.get("target_reached"),
             scaler=dict(data.get("scaler") or {}),
             attempts=int(data.get("attempts", 1)),
+            run_id=str(data.get("run_id", "")),
         )

@@ -1,0 +1,168 @@
+"""Series and headline figures out of the store's metric rows (plain dicts)."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from tandem.analyze import stats
+
+T = TypeVar("T")
+Metric = Mapping[str, Any]  # {"step", "rank", "name", "value", "time"}
+
+# The phases of a step, in the order they are stacked, with their labels.
+PHASES: tuple[tuple[str, str], ...] = (
+    ("time/data", "data wait"),
+    ("time/h2d", "host-to-device"),
+    ("time/compute", "forward+backward"),
+    ("time/comm_exposed", "exposed comm"),
+    ("time/optim", "optimizer"),
+)
+# Names the trainer writes that are not evaluation or user metrics.
+TRAINING_NAMES = frozenset({
+    "time/step", "samples_per_s", "tokens_per_s", "loss", "grad_norm", "lr", "loss_scale",
+    "mfu", "straggler/score", *(name for name, _ in PHASES)})
+
+
+def by_name(metrics: Iterable[Metric]) -> dict[str, list[Metric]]:
+    """Rows grouped by metric name, each group in the order given."""
+    out: dict[str, list[Metric]] = defaultdict(list)
+    for m in metrics:
+        out[m["name"]].append(m)
+    return dict(out)
+
+
+def in_window(metrics: Iterable[Metric], window: tuple[int, int] | None) -> list[Metric]:
+    """Rows whose step lies in the inclusive window (all rows when window is None)."""
+    if window is None:
+        return list(metrics)
+    lo, hi = window
+    if lo > hi:
+        raise ValueError(f"window must be (first_step, last_step) with first <= last; "
+                         f"got {window}")
+    return [m for m in metrics if lo <= m["step"] <= hi]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values)
+
+
+def series(rows: Sequence[Metric],
+           reduce: Callable[[Sequence[float]], float] = _mean) -> tuple[list[int], list[float]]:
+    """One value per step: the job-wide row (rank -1) if any, else `reduce` (the mean)
+    over the ranks' rows of that step.
+
+    NaN stays NaN (a NaN on any rank makes the mean NaN, which is what happened).
+    """
+    job = [r for r in rows if r["rank"] == -1]
+    if job:
+        pairs = sorted((int(r["step"]), float(r["value"])) for r in job)
+        return [s for s, _ in pairs], [v for _, v in pairs]
+    per_step: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        per_step[int(r["step"])].append(float(r["value"]))
+    steps = sorted(per_step)
+    return steps, [reduce(per_step[s]) for s in steps]
+
+
+def series_of(groups: Mapping[str, Sequence[Metric]], name: str) -> tuple[list[int], list[float]]:
+    """`series` of one name from `by_name` groups (empty lists when it is absent)."""
+    return series(groups.get(name, ()))
+
+
+def per_rank(rows: Sequence[Metric]) -> dict[int, dict[int, float]]:
+    """rank -> step -> value, for ranks >= 0 (the last row wins on a repeat)."""
+    out: dict[int, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r["rank"] >= 0:
+            out[int(r["rank"])][int(r["step"])] = float(r["value"])
+    return dict(out)
+
+
+def straggler_scores(groups: Mapping[str, Sequence[Metric]]) -> dict[int, dict[int, float]]:
+    """rank -> step -> score: the recorded `straggler/score`, else computed from per-rank
+    `time/step` as the rank's step time over the median across ranks in that window."""
+    recorded = per_rank(groups.get("straggler/score", ()))
+    if recorded:
+        return recorded
+    times = per_rank(groups.get("time/step", ()))
+    if len(times) < 2:
+        return {}
+    steps = sorted({s for by_step in times.values() for s in by_step})
+    scores: dict[int, dict[int, float]] = {rank: {} for rank in times}
+    for step in steps:
+        here = {rank: t[step] for rank, t in times.items()
+                if step in t and math.isfinite(t[step])}
+        if len(here) < 2:
+            continue
+        mid = stats.median(list(here.values()))
+        for rank, value in here.items():
+            scores[rank][step] = value / mid if mid > 0 else math.nan
+    return scores
+
+
+def drop_warmup(items: Sequence[T]) -> list[T]:
+    """Leave out the first logging window when there are at least 4: it holds warm-up
+    (allocator growth, cuDNN autotuning, compilation) that later windows do not."""
+    return list(items[1:]) if len(items) >= 4 else list(items)
+
+
+def steady(steps: list[int], values: list[float]) -> tuple[list[int], list[float]]:
+    """`drop_warmup` applied to a (steps, values) series."""
+    return drop_warmup(steps), drop_warmup(values)
+
+
+def steady_median(groups: Mapping[str, Sequence[Metric]], name: str) -> float | None:
+    """Median of the finite steady-state values of a metric (None when it has none)."""
+    _, values = steady(*series_of(groups, name))
+    good = stats.finite(values)
+    return stats.median(good) if good else None
+
+
+def last_finite(values: Sequence[float]) -> float | None:
+    """The last finite value, or None."""
+    for v in reversed(values):
+        if v is not None and math.isfinite(v):
+            return float(v)
+    return None
+
+
+HEADLINE_KEYS = ("steps", "duration_s", "final_loss", "best_loss", "samples_per_s",
+                 "tokens_per_s", "step_s", "mfu", "cuda_peak_bytes", "rss_peak_bytes")
+
+
+def headline(run: Mapping[str, Any], metrics: Sequence[Metric]) -> dict[str, Any]:
+    """The key numbers of a run: HEADLINE_KEYS, then the last value of each evaluation
+    metric under its own name."""
+    groups = by_name(metrics)
+    steps_all = [int(m["step"]) for m in metrics]
+    loss_steps, loss = series_of(groups, "loss")
+    finished = run.get("finished")
+    out: dict[str, Any] = {
+        "steps": max(steps_all) if steps_all else 0,
+        "duration_s": (finished - run["started"]) if finished else None,
+        "final_loss": last_finite(loss),
+        "best_loss": min(stats.finite(loss)) if stats.finite(loss) else None,
+        "samples_per_s": steady_median(groups, "samples_per_s"),
+        "tokens_per_s": steady_median(groups, "tokens_per_s"),
+        "step_s": steady_median(groups, "time/step"),
+        "mfu": steady_median(groups, "mfu"),
+    }
+    peaks = stats.finite(m["value"] for m in groups.get("mem/cuda_peak_bytes", ()))
+    rss = stats.finite(m["value"] for m in groups.get("mem/rss_bytes", ()))
+    out["cuda_peak_bytes"] = max(peaks) if peaks else None
+    out["rss_peak_bytes"] = max(rss) if rss else None
+    for name in eval_names(groups):
+        out[name] = last_finite(series_of(groups, name)[1])
+    return out
+
+
+def eval_names(groups: Mapping[str, Sequence[Metric]]) -> list[str]:
+    """Evaluation and user metrics: plain names that are not training figures.
+
+    Measured figures are namespaced (time/, mem/, sys/, comm/, ...); metric names that
+    a Task declares are not.
+    """
+    return sorted(n for n in groups if n not in TRAINING_NAMES and "/" not in n)

@@ -1,0 +1,166 @@
+"""One run's report: a self-contained HTML file, and a summary for the terminal."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tandem.analyze import figures, html, panels, text
+from tandem.analyze.compare import compare, compare_table
+from tandem.analyze.diagnose import Finding, diagnose
+from tandem.monitor.store import RunStore
+
+__all__ = ["compare", "compare_table", "print_summary", "render_html", "write_html"]
+
+SEVERITY_STYLE = {"high": "bold red", "medium": "bold yellow", "low": "bold blue",
+                  "info": "bold green"}
+
+
+def _load(store: RunStore, run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]],
+                                                 list[dict[str, Any]], list[Finding]]:
+    run = store.run(run_id)
+    metrics = store.metrics(run["run_id"])
+    events = store.events(run["run_id"])
+    return run, metrics, events, diagnose(metrics, events, config=run["config"])
+
+
+def _kpi_items(run: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[str, str]]:
+    duration = head["duration_s"]
+    if duration is None:
+        duration = time.time() - run["started"]
+    items = [("steps", f"{head['steps']:,}"), ("duration", text.seconds(duration)),
+             ("final loss", text.number(head["final_loss"]))]
+    evals = [k for k in head if k not in figures.HEADLINE_KEYS]
+    items += [(name, text.number(head[name])) for name in evals[:3]]
+    items += [("samples/s", text.number(head["samples_per_s"])),
+              ("tokens/s", text.number(head["tokens_per_s"])),
+              ("step time", text.seconds(head["step_s"])),
+              ("MFU", text.share(head["mfu"])),
+              ("CUDA peak", text.nbytes(head["cuda_peak_bytes"])),
+              ("host RSS", text.nbytes(head["rss_peak_bytes"]))]
+    return [(label, value) for label, value in items if value != text.DASH]
+
+
+def _suggestion(s: str) -> str:
+    # "data.workers 2 -> 4: why" -> the config change as code, then the reason.
+    m = re.match(r"^([a-z_]+\.[a-z_]+[^:]*):(.*)$", s)
+    if not m:
+        return f"<li>{escape(s)}</li>"
+    return f"<li><code>{escape(m.group(1))}</code>{escape(m.group(2))}</li>"
+
+
+def findings_html(findings: Sequence[Finding]) -> str:
+    """The diagnosis as cards, most severe first."""
+    if not findings:
+        return '<p class="empty">no timing figures recorded: nothing to diagnose</p>'
+    out = []
+    for f in findings:
+        tips = "".join(_suggestion(s) for s in f.suggestions)
+        out.append(f'<div class="finding {escape(f.severity)}"><h3>{escape(f.kind)}'
+                   f"<small>{escape(f.severity)}</small></h3><div>{escape(f.message)}</div>"
+                   + (f"<ul>{tips}</ul>" if tips else "") + "</div>")
+    return "".join(out) + html.data_block("data-findings", {"findings": [
+        {"kind": f.kind, "severity": f.severity, "evidence": f.evidence,
+         "message": f.message, "suggestions": f.suggestions} for f in findings]})
+
+
+def _header(run: Mapping[str, Any], findings: Sequence[Finding]) -> str:
+    env = run.get("env") or {}
+    status = str(run["status"])
+    commit = env.get("git_commit")
+    bits = [f"run {run['run_id']}", f"started {text.when(run['started'])}",
+            f"{env.get('world_size', '?')} x {env.get('device', '?')}",
+            f"host {env.get('host', '?')}", f"torch {env.get('torch', '?')}"]
+    if commit:
+        bits.append(f"commit {str(commit)[:10]}")
+    lead = findings[0] if findings else None
+    verdict_html = "" if lead is None else (
+        f'<div class="verdict {escape(lead.severity)}"><b>verdict: {escape(lead.kind)}</b> '
+        f"{escape(lead.message)}</div>")
+    return (f"<header><h1>{escape(str(run['name']))}<span class=\"badge s-{escape(status)}\">"
+            f"{escape(status)}</span></h1><div class=\"sub\">{escape(' · '.join(bits))}</div>"
+            f"{verdict_html}</header>")
+
+
+def _events_table(events: Sequence[Mapping[str, Any]]) -> str:
+    rows = [[str(e["step"]), str(e["rank"]), str(e["kind"]), str(e["message"]),
+             text.number(e["value"]), text.number(e["threshold"]), text.when(e["time"])]
+            for e in events]
+    return html.list_table(["step", "rank", "kind", "message", "value", "threshold", "time"],
+                           rows, numeric=[True, True, False, False, True, True, False])
+
+
+def render_html(store: RunStore, run_id: str) -> str:
+    """The report of one run (id, id prefix or name) as an HTML string."""
+    run, metrics, events, findings = _load(store, run_id)
+    groups = figures.by_name(metrics)
+    head = figures.headline(run, metrics)
+    charts = [panels.loss_panel(groups, events), panels.eval_panel(groups),
+              *panels.throughput_panels(groups), panels.phases_panel(groups),
+              panels.ranks_panel(groups), panels.memory_panel(groups),
+              *panels.optimizer_panels(groups)]
+    charts = [c for c in charts if c]
+    summary = run.get("summary") or {}
+    body = [
+        _header(run, findings), html.kpis(_kpi_items(run, head)),
+        "<h2>Diagnosis</h2>", findings_html(findings),
+        "<h2>Curves</h2>",
+        f'<div class="grid">{"".join(charts)}</div>' if charts
+        else '<p class="empty">no metrics recorded</p>',
+        "<h2>Events</h2>", _events_table(events),
+        "<h2>Configuration and environment</h2><div class=\"grid\">",
+        html.card("Config", html.kv_table(run.get("config") or {})),
+        html.card("Plan", html.kv_table(run.get("plan") or {})),
+        html.card("Environment", html.kv_table(run.get("env") or {})),
+        html.card("Summary", html.kv_table(summary)) if summary else "",
+        "</div>",
+        html.data_block("data-run", {"run_id": run["run_id"], "name": run["name"],
+                                     "status": run["status"], "headline": head}),
+        f"<footer>tandem report · {escape(str(store.path))} · generated "
+        f"{text.when(time.time())}</footer>",
+    ]
+    return html.page(f"tandem · {run['name']}", "".join(body))
+
+
+def write_html(store: RunStore, run_id: str, path: Path) -> Path:
+    """Write the report of one run to `path` (a self-contained HTML file); returns it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(render_html(store, run_id), encoding="utf-8")
+    # Rename last: a browser refreshing the report never sees half a file.
+    tmp.replace(path)
+    return path
+
+
+def print_summary(store: RunStore, run_id: str, console: Console) -> None:
+    """The run's key numbers, step-time shares and diagnosis, for the terminal."""
+    run, metrics, _, findings = _load(store, run_id)
+    head = figures.headline(run, metrics)
+    groups = figures.by_name(metrics)
+    table = Table(title=f"tandem run {run['name']} ({run['run_id']}) · {run['status']}",
+                  show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    for label, value in _kpi_items(run, head):
+        table.add_row(label, value)
+    step = figures.steady_median(groups, "time/step")
+    if step:
+        shares = [(label, figures.steady_median(groups, name)) for name, label in figures.PHASES]
+        table.add_row("step time split", ", ".join(
+            f"{label} {text.share(v / step)}" for label, v in shares if v is not None))
+    console.print(table)
+    if not findings:
+        console.print("[dim]no timing figures recorded: nothing to diagnose[/dim]")
+    for f in findings:
+        console.print(f"[{SEVERITY_STYLE.get(f.severity, 'bold')}]{f.kind}[/] ({f.severity}): "
+                      f"{f.message}", highlight=False)
+        for s in f.suggestions:
+            console.print(f"    - {s}", highlight=False)

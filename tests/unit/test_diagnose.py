@@ -1,0 +1,177 @@
+"""Diagnosis on synthetic figures, and the robust statistics under it."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+
+from tandem.analyze import stats
+from tandem.analyze.diagnose import MEMORY_BOUND_SHARE, Finding, diagnose
+from tandem.analyze.synthetic import Synthetic, synthetic_rows
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _metrics(**kwargs: Any) -> list[dict[str, Any]]:
+    rows = synthetic_rows(Synthetic(**kwargs), start=0.0)
+    return [{"step": s, "rank": r, "name": n, "value": v, "time": t} for s, r, n, v, t in rows]
+
+
+def _kinds(findings: list[Finding]) -> list[str]:
+    return [f.kind for f in findings]
+
+
+def _only(findings: list[Finding], kind: str) -> Finding:
+    (found,) = [f for f in findings if f.kind == kind]
+    return found
+
+
+def test_stats_match_known_values() -> None:
+    assert stats.median([3, 1, 2]) == 2
+    assert stats.median([4, 1, 3, 2]) == 2.5
+    assert stats.percentile([1, 2, 3, 4, 5], 25) == 2.0
+    assert stats.percentile([10, 20], 90) == pytest.approx(19.0)  # numpy's linear rule
+    assert stats.mad([1, 2, 3, 4, 100]) == 1.0
+    z = stats.robust_z([1, 2, 3, 4, 100])
+    assert z[2] == 0.0 and z[4] == pytest.approx(0.6745 * 97)
+    assert stats.robust_z([5, 5, 5, 9]) == [0.0, 0.0, 0.0, math.inf]
+    assert stats.finite([1.0, math.nan, math.inf, 2.0]) == [1.0, 2.0]
+    with pytest.raises(ValueError, match="median needs at least one value"):
+        stats.median([])
+    with pytest.raises(ValueError, match="within 0..100; got 101"):
+        stats.percentile([1.0], 101)
+
+
+def test_input_bound_fires_at_40_percent_data_wait_not_at_5() -> None:
+    slow = {"time/data": 0.40, "time/compute": 0.45, "time/optim": 0.05}
+    found = _only(diagnose(_metrics(shares=slow)), "input-bound")
+    assert found.evidence["share"] == pytest.approx(0.40, abs=0.02)
+    assert re.search(r"data wait is (39|40|41)% of step time \(0\.0\d+ s of 0\.0\d+ s\)",
+                     found.message), found.message
+    assert any(s.startswith("data.workers") for s in found.suggestions)
+    assert any(s.startswith("data.prefetch") for s in found.suggestions)
+    fine = {"time/data": 0.05, "time/compute": 0.60, "time/optim": 0.05}
+    assert "input-bound" not in _kinds(diagnose(_metrics(shares=fine)))
+
+
+def test_suggestions_quote_the_current_config() -> None:
+    slow = {"time/data": 0.5, "time/compute": 0.4}
+    config = {"data": {"workers": 3, "prefetch": 2}}
+    found = _only(diagnose(_metrics(shares=slow), config=config), "input-bound")
+    assert "data.workers 3 -> 6: more loader processes per rank" in found.suggestions
+    assert found.severity == "high"  # 50% is over twice the 20% threshold
+
+
+def test_communication_bound_quotes_its_numbers() -> None:
+    shares = {"time/data": 0.02, "time/compute": 0.45, "time/comm_exposed": 0.41}
+    findings = diagnose(_metrics(shares=shares, step_s=0.029))
+    found = _only(findings, "communication-bound")
+    want = r"exposed communication is 4[01]% of step time \(0\.01\d* s of 0\.0[23]\d* s\) -> "
+    assert re.search(want, found.message), found.message
+    assert "plan.compression" in found.message and "plan.bucket_mb" in found.message
+    assert any(s.startswith("plan.bucket_mb") for s in found.suggestions)
+    assert "compute-bound" not in _kinds(findings)
+
+
+def test_straggler_names_the_slow_rank() -> None:
+    found = _only(diagnose(_metrics(world_size=4, straggler=1)), "straggler")
+    assert found.evidence["rank"] == 1 and found.evidence["ranks"] == [1]
+    assert found.message.startswith("rank 1 is a straggler: its step time 1.")
+    assert found.evidence["per_rank"][1]["median_score"] == pytest.approx(1.3, abs=0.05)
+    assert "straggler" not in _kinds(diagnose(_metrics(world_size=4)))
+
+
+def test_straggler_scores_are_derived_from_per_rank_step_times() -> None:
+    rows = [m for m in _metrics(world_size=3, straggler=2) if m["name"] != "straggler/score"]
+    assert _only(diagnose(rows), "straggler").evidence["rank"] == 2
+
+
+def test_balanced_when_nothing_stands_out() -> None:
+    findings = diagnose(_metrics(world_size=4))
+    assert _kinds(findings) == ["balanced"]
+    assert findings[0].severity == "info"
+    assert re.search(r"forward\+backward 6\d%.* of 0\.05\d* s per step", findings[0].message)
+
+
+def test_compute_bound_only_when_nothing_else_fires() -> None:
+    heavy = {"time/data": 0.02, "time/compute": 0.85, "time/optim": 0.05}
+    found = _only(diagnose(_metrics(shares=heavy)), "compute-bound")
+    assert re.search(r"compute is 8[45]% of step time \(0\.04\d* s of 0\.05\d* s\), MFU 3\d%",
+                     found.message), found.message
+    both = {"time/data": 0.25, "time/compute": 0.72}
+    assert _kinds(diagnose(_metrics(shares=both))) == ["input-bound"]
+
+
+def test_memory_bound_near_device_capacity() -> None:
+    found = _only(diagnose(_metrics(cuda_total_bytes=80 * 2**30, cuda_peak_share=0.95)),
+                  "memory-bound")
+    assert found.evidence["share"] > MEMORY_BOUND_SHARE
+    assert "of 80.00 GiB" in found.message
+    assert any("plan.activation_checkpointing" in s for s in found.suggestions)
+    roomy = diagnose(_metrics(cuda_total_bytes=80 * 2**30, cuda_peak_share=0.5))
+    assert "memory-bound" not in _kinds(roomy)
+
+
+def test_memory_total_recorded_once_still_counts() -> None:
+    metrics = _metrics(cuda_total_bytes=40 * 2**30, cuda_peak_share=0.96)
+    first = min(m["step"] for m in metrics)
+    kept = [m for m in metrics if m["name"] != "mem/cuda_total_bytes"
+            or (m["step"] == first and m["rank"] == 0)]
+    assert _only(diagnose(kept), "memory-bound").evidence["total_bytes"] == 40 * 2**30
+
+
+def test_unstable_on_nan_spike_and_falling_loss_scale() -> None:
+    found = _only(diagnose(_metrics(nan_at=200)), "unstable")
+    assert found.severity == "high" and found.evidence["nonfinite_steps"][0] == 200
+    assert "first at step 200" in found.message
+
+    metrics = _metrics()
+    for m in metrics:
+        if m["name"] == "loss" and m["step"] == 150:
+            m["value"] *= 3.0
+    assert _only(diagnose(metrics), "unstable").evidence["spike_steps"] == [150]
+    assert "unstable" not in _kinds(diagnose(_metrics()))
+
+    scale = [{"step": s, "rank": -1, "name": "loss_scale", "value": v, "time": 0.0}
+             for s, v in zip(range(10, 70, 10), [65536, 32768, 32768, 16384, 8192, 8192],
+                             strict=True)]
+    found = _only(diagnose(_metrics() + scale, config={"precision": {"mode": "fp16"}}),
+                  "unstable")
+    assert found.evidence["loss_scale_drops"] == 3
+    assert found.suggestions[0].startswith("precision.mode bf16")
+
+
+def test_unstable_from_events() -> None:
+    events = [{"step": 40, "rank": -1, "kind": "loss-spike", "message": "x"},
+              {"step": 90, "rank": 0, "kind": "resume", "message": "y"}]
+    found = _only(diagnose(_metrics(), events), "unstable")
+    assert found.evidence["events"] == 1 and "loss-spike; first at step 40" in found.message
+    assert "unstable" not in _kinds(diagnose(_metrics(), events, window=(100, 300)))
+    # The kinds monitor.detect writes, with underscores.
+    detected = [{"step": 60, "rank": -1, "kind": "nonfinite", "message": "grad norm inf"},
+                {"step": 70, "rank": -1, "kind": "grad_explosion", "message": "z 12"}]
+    found = _only(diagnose(_metrics(), detected), "unstable")
+    assert found.severity == "high" and found.evidence["events"] == 2
+    assert "unstable" not in _kinds(diagnose(_metrics(), [
+        {"step": 60, "rank": -1, "kind": "throughput_drop", "message": "slow"}]))
+
+
+def test_window_limits_the_steps_judged() -> None:
+    early = _metrics(steps=100)
+    late = _metrics(steps=100, shares={"time/data": 0.5, "time/compute": 0.4})
+    for m in late:
+        m["step"] += 100
+    metrics = early + late
+    assert "input-bound" in _kinds(diagnose(metrics))
+    assert "input-bound" not in _kinds(diagnose(metrics, window=(0, 100)))
+    with pytest.raises(ValueError, match="first <= last; got \\(5, 1\\)"):
+        diagnose(metrics, window=(5, 1))
+
+
+def test_nothing_to_judge_gives_no_findings() -> None:
+    assert diagnose([]) == []
+    only_loss = [m for m in _metrics() if m["name"] == "loss"]
+    assert diagnose(only_loss) == []
