@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         if ns.command == "run":
-            launch.launch(ns)
+            return launch.launch(ns)
         elif ns.command == "config":
             print(reference())
         elif ns.command == "runs":

@@ -107,6 +107,22 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True)
+class FaultConfig:
+    """What the run does when something goes wrong."""
+
+    nonfinite: Literal["skip", "rollback", "raise"] = _doc(
+        "skip", "on a NaN/Inf gradient (fp32/bf16; fp16 has its loss scaler): skip the step, "
+        "roll back to the last good checkpoint, or stop"
+    )
+    spike: Literal["warn", "rollback"] = _doc(
+        "warn", "on a loss spike: record it, or roll back to the checkpoint before it"
+    )
+    rollback_lr_scale: float = _doc(1.0, "multiply the lr by this after each rollback")
+    max_rollbacks: int = _doc(3, "rollbacks allowed before the run stops")
+    heartbeat_s: float = _doc(2.0, "seconds between each rank's liveness records (0: off)")
+
+
+@dataclass(kw_only=True)
 class MonitorConfig:
     """What the run shows and records."""
 
@@ -129,6 +145,7 @@ class Config:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -166,6 +183,9 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "checkpoint.every": (0, "an integer >= 0"),
     "checkpoint.keep": (0, "an integer >= 0"),
     "monitor.log_every": (1, "an integer >= 1"),
+    "fault.rollback_lr_scale": (1e-6, "a number > 0"),
+    "fault.max_rollbacks": (0, "an integer >= 0"),
+    "fault.heartbeat_s": (0, "a number >= 0"),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
 
 from tandem import parallel
@@ -18,6 +21,7 @@ from tandem.monitor.progress import Reporter
 from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
+from tandem.trainer.guard import Preempted
 from tandem.trainer.loop import Trainer
 from tandem.trainer.rundir import prepare_run_dir
 
@@ -86,8 +90,21 @@ def _run(task: Task, config: Config) -> RunResult:
 
 
 def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
+    check_same_config(config, runtime)
     run_dir = prepare_run_dir(config, name, runtime)
     trainer = Trainer(task, config, runtime, run_dir)
+    try:
+        return _train(trainer, config, runtime, name)
+    except dist.DistError as err:
+        # A collective failed or timed out: say which rank stopped answering, and where.
+        raise RuntimeError(f"{type(err).__name__}: {err}\nranks last seen: "
+                           f"{trainer.describe_ranks()}") from err
+    finally:
+        trainer.close()
+
+
+def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> RunResult:
+    run_dir = trainer.run_dir
     found = trainer.resume()
     recorder = None
     if runtime.is_main:
@@ -115,8 +132,29 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = "completed"
         return RunResult(model=parallel.unwrap(trainer.model), summary=summary, run_dir=run_dir)
+    except Preempted:
+        status = "preempted"
+        raise
     finally:
         reporter.close(summary, status)
+
+
+def check_same_config(config: Config, runtime: Runtime) -> None:
+    """Refuse to train, on every rank, if the ranks were given different configs."""
+    if not dist.is_initialized():
+        return
+    digest = hashlib.sha256(json.dumps(config.to_dict(), sort_keys=True).encode()).hexdigest()
+    mine = torch.tensor([int(digest[:15], 16)], dtype=torch.int64, device=runtime.device)
+    everyone = [torch.zeros_like(mine) for _ in range(runtime.world_size)]
+    dist.all_gather(everyone, mine)
+    values = [int(t.item()) for t in everyone]
+    if len(set(values)) > 1:
+        groups: dict[int, list[int]] = {}
+        for rank, value in enumerate(values):
+            groups.setdefault(value, []).append(rank)
+        shown = " vs ".join(f"ranks {ranks}" for ranks in groups.values())
+        raise ValueError(f"the ranks were started with different configs ({shown}); every "
+                         "rank must get the same config file and flags")
 
 
 def store_path(config: Config) -> Path:

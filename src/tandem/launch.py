@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+from tandem.trainer.guard import PREEMPTED_EXIT_CODE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,9 +54,31 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
     return [*cmd, ns.script, *ns.args]
 
 
-def launch(ns: argparse.Namespace) -> None:
-    """Replace this process with torchrun, so signals reach the launcher directly."""
+def launch(ns: argparse.Namespace) -> int:
+    """Run torchrun as a child; forward SIGTERM/SIGINT; return the job's exit status.
+
+    A run that stopped for preemption (its checkpoint committed) exits with 75
+    (EX_TEMPFAIL): running the same command again continues it.
+    """
     cmd = torchrun_command(ns)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    os.execve(cmd[0], cmd, env)
+    with tempfile.TemporaryDirectory(prefix="tandem-launch-") as tmp:
+        status_file = Path(tmp) / "status"
+        env = dict(os.environ, TANDEM_STATUS_FILE=str(status_file))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        child = subprocess.Popen(cmd, env=env)
+
+        def forward(signum: int, frame: object) -> None:
+            child.send_signal(signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            code = child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        status = status_file.read_text().split() if status_file.exists() else []
+    if status and status[0] == "preempted":
+        print(f"tandem: preempted at step {status[1]}; the checkpoint is committed - run "
+              "the same command again to continue", file=sys.stderr)
+        return PREEMPTED_EXIT_CODE
+    return code

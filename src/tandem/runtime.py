@@ -31,6 +31,7 @@ class Runtime:
     launcher: str  # "plain" or "torchrun"
     restart_count: int
     owns_group: bool
+    store: dist.Store | None = None  # the group's key-value store (liveness records)
 
     @property
     def distributed(self) -> bool:
@@ -111,11 +112,13 @@ def start(plan: PlanConfig) -> Runtime:
         )
     device = _pick_device(plan, local_rank)
     owns_group = False
+    store = None
     if world_size > 1 and not dist.is_initialized():
         timeout = timedelta(seconds=plan.timeout_s)
+        store = _attempt_store(rank, world_size, timeout)
         dist.init_process_group(
             backend=_backend(plan, device),
-            store=_attempt_store(rank, world_size, timeout),
+            store=store,
             rank=rank,
             world_size=world_size,
             timeout=timeout,
@@ -134,6 +137,7 @@ def start(plan: PlanConfig) -> Runtime:
         launcher=launcher,
         restart_count=_env_int("TORCHELASTIC_RESTART_COUNT", 0),
         owns_group=owns_group,
+        store=store,
     )
 
 

@@ -13,8 +13,9 @@ The trainer's cycle::
 """
 
 from tandem.checkpoint.errors import CheckpointError
-from tandem.checkpoint.load import latest, load, read_meta
+from tandem.checkpoint.load import latest, load, read_meta, set_aside
 from tandem.checkpoint.save import save
 from tandem.checkpoint.state import capture, restore
 
-__all__ = ["CheckpointError", "capture", "latest", "load", "read_meta", "restore", "save"]
+__all__ = ["CheckpointError", "capture", "latest", "load", "read_meta", "restore", "save",
+           "set_aside"]

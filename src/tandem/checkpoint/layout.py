@@ -70,3 +70,19 @@ def prune(root: Path, keep: int, newest: Path) -> None:
         if step < floor and path not in kept:
             logger.info("retention (keep=%d): removing checkpoint %s", keep, path)
             shutil.rmtree(path)
+
+
+def set_aside(root: Path, from_step: int) -> list[Path]:
+    """Rename checkpoints of step >= ``from_step`` to ``.rolled-back-step_*``.
+
+    They hold state from after a bad step, so a resume must not pick them; they are
+    kept (under a name no scan matches) for inspection, not deleted. Rank 0 only.
+    """
+    moved = []
+    for step, path in step_dirs(root):
+        if step >= from_step:
+            target = path.with_name(f".rolled-back-{path.name}")
+            shutil.rmtree(target, ignore_errors=True)
+            path.rename(target)
+            moved.append(target)
+    return moved

@@ -18,23 +18,26 @@ logger = logging.getLogger(__name__)
 _MAX_NAMED = 20
 
 
-def latest(root: Path) -> Path | None:
+def latest(root: Path, before: int | None = None) -> Path | None:
     """Return the newest committed checkpoint under ``root`` that verifies, or None.
 
-    Must be called on all ranks: rank 0 scans and verifies (sizes and sha256 of every
-    file) and broadcasts the answer. Bad checkpoints are skipped with a warning that
-    names the checkpoint and what is wrong.
+    With ``before``, only checkpoints of a step < ``before`` count (a rollback to the
+    state from before a bad step). Must be called on all ranks: rank 0 scans and
+    verifies (sizes and sha256 of every file) and broadcasts the answer. Bad
+    checkpoints are skipped with a warning that names the checkpoint and what is wrong.
     """
-    found = _dist.on_rank_zero(lambda: _scan(Path(root)))
+    found = _dist.on_rank_zero(lambda: _scan(Path(root), before))
     return None if found is None else Path(found)
 
 
-def _scan(root: Path) -> str | None:
+def _scan(root: Path, before: int | None) -> str | None:
     try:
         candidates = layout.step_dirs(root)
     except OSError as err:
         raise CheckpointError(f"cannot list checkpoint directory {root}: {err}") from err
     for step, path in candidates:
+        if before is not None and step >= before:
+            continue
         try:
             found = manifest.verify(path, hashes=True)
         except CheckpointError as err:
@@ -47,6 +50,14 @@ def _scan(root: Path) -> str | None:
             continue
         return str(path)
     return None
+
+
+def set_aside(root: Path, from_step: int) -> list[str]:
+    """Move checkpoints of step >= ``from_step`` out of the resume path (kept, renamed).
+
+    Must be called on all ranks; rank 0 renames, every rank gets the new paths.
+    """
+    return _dist.on_rank_zero(lambda: [str(p) for p in layout.set_aside(Path(root), from_step)])
 
 
 def read_meta(path: Path) -> dict[str, Any]:

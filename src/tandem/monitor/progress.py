@@ -71,6 +71,11 @@ class Reporter:
         if self._bar is not None:
             self._bar.update(self._task, completed=step)
 
+    def record(self, step: int, values: dict[str, float]) -> None:
+        """Record job-wide values without showing them."""
+        if self.active and self.recorder is not None:
+            self.recorder.values(step, values)
+
     def evaluation(self, step: int, values: dict[str, float]) -> None:
         """Show and record evaluation results."""
         if not self.active:

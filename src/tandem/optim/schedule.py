@@ -59,10 +59,11 @@ class LrController:
         self.total_steps = total_steps
         self.scale = batch_scale(cfg, global_batch)
         self.base = [float(group["lr"]) for group in optimizer.param_groups]
+        self.extra = 1.0  # lowered by rollbacks (fault.rollback_lr_scale)
 
     def apply(self, step: int) -> float:
         """Set the lrs for optimizer step `step`; return the first group's lr."""
-        factor = self.scale * lr_multiplier(self.cfg, step, self.total_steps)
+        factor = self.scale * self.extra * lr_multiplier(self.cfg, step, self.total_steps)
         for group, base in zip(self.optimizer.param_groups, self.base, strict=True):
             group["lr"] = base * factor
         return self.base[0] * factor

@@ -10,16 +10,20 @@ from typing import Any
 
 import torch
 
-from tandem import checkpoint, parallel
+from tandem import parallel
 from tandem.config import Config, parse_target
 from tandem.data.loader import train_batches
 from tandem.data.sampler import GlobalBatchSampler, split_batch
+from tandem.faults import FaultPlan
+from tandem.monitor.heartbeat import Heartbeat
 from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
 from tandem.optim.schedule import LrController
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
+from tandem.trainer import recovery
 from tandem.trainer.evaluate import evaluate
+from tandem.trainer.guard import PreemptionFlag, agree
 from tandem.trainer.precision import Precision
 from tandem.trainer.state import TrainState
 
@@ -50,6 +54,12 @@ class Trainer:
         self.state = TrainState()
         self.target = parse_target(train.target) if train.target else None
         self.last_eval: dict[str, float] = {}
+        self.last_saved = -1
+        self.faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
+        self.preemption = PreemptionFlag()
+        self.heartbeat = Heartbeat(runtime.store, runtime.rank, runtime.world_size,
+                                   config.fault.heartbeat_s)
+        self.guard_nonfinite = config.precision.mode != "fp16"
         self.monitor = LiveMonitor(
             device=runtime.device, rank=runtime.rank, world_size=runtime.world_size,
             log_every=config.monitor.log_every, global_batch=train.global_batch,
@@ -70,67 +80,57 @@ class Trainer:
             "device": str(self.runtime.device),
         }
 
-    # ----------------------------------------------------------------- resume
     def resume(self) -> Path | None:
-        """Load the latest good checkpoint, as the resume policy says. All ranks."""
-        policy = self.config.run.resume
-        found = checkpoint.latest(self.run_dir / "checkpoints")
-        if found is None:
-            if policy == "require":
-                raise ValueError(
-                    f"run.resume: 'require' but {self.run_dir / 'checkpoints'} holds no "
-                    "committed checkpoint"
-                )
-            return None
-        if policy == "never":
-            raise ValueError(
-                f"run.resume: 'never' but {self.run_dir} already holds checkpoints; choose "
-                "another run.name or run.resume 'auto' (nothing was overwritten)"
-            )
-        tensors = checkpoint.capture(self.model, self.optimizer)
-        meta = checkpoint.load(found, tensors)
-        checkpoint.restore(self.model, self.optimizer, tensors)
-        self.state = TrainState.from_dict(meta["train_state"])
-        self.state.attempts += 1
-        self.precision.load_state_dict(self.state.scaler)
+        """Load the latest good checkpoint, as `run.resume` says. All ranks."""
+        found = recovery.resume(self)
+        self.lr.extra = self.state.lr_scale
         return found
 
-    def _save(self) -> None:
-        self.state.scaler = self.precision.state_dict()
-        meta = {
-            "train_state": self.state.to_dict(),
-            "config": self.config.to_dict(),
-            "world_size": self.runtime.world_size,
-        }
-        checkpoint.save(self.run_dir / "checkpoints", self.state.step,
-                        checkpoint.capture(self.model, self.optimizer), meta,
-                        keep=self.config.checkpoint.keep)
-
     # ------------------------------------------------------------------ steps
-    def _train_step(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over `accum` micro-batches: (summed micro losses, grad norm)."""
+    def _train_step(self, batches: Any) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """One optimizer step over `accum` micro-batches.
+
+        Returns (summed micro-batch losses, gradient norm, whether the update was
+        skipped because the gradients were not finite).
+        """
         task, model, precision, clock = self.task, self.model, self.precision, self.monitor.clock
+        poison = self.faults is not None and self.faults.poisons(self.state.step)
         total = torch.zeros((), device=self.runtime.device)
         for k in range(self.accum):
+            self._fault("data")
             clock.begin("data")
             batch = next(batches)
             clock.end()
+            self._fault("compute")
             clock.begin("compute", on_device=True)
             sync = parallel.no_sync(model) if k < self.accum - 1 else contextlib.nullcontext()
             with sync:
                 with precision.autocast():
                     loss = task.loss(task.run_forward(model, batch), batch)
+                if poison:
+                    loss = loss * float("nan")
                 # Mean over the micro-batch / accum, then DDP's mean over ranks: the
                 # gradient of the mean loss over the whole global batch.
                 precision.backward(loss / self.accum)
             total += loss.detach().float()
             clock.end()
+        self._fault("optim")
         clock.begin("optim", on_device=True)
         norm = precision.grad_norm(self.optimizer, self.params, self.config.train.grad_clip)
-        precision.step(self.optimizer)
+        # The norm is of the all-reduced gradient, so every rank takes the same branch.
+        # fp16 leaves this to its loss scaler, for which an overflow is routine.
+        skip = self.guard_nonfinite and not bool(torch.isfinite(norm))
+        if not skip:
+            precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
         clock.end()
-        return total, norm
+        return total, norm, skip
+
+    def _fault(self, phase: str) -> None:
+        """Act out an injected fault planned for this phase of this step, if any."""
+        if self.faults is not None:
+            self.heartbeat.at(self.state.step, phase)
+            self.faults.hit(phase, self.state.step)
 
     def _evaluate(self) -> dict[str, float]:
         if self.eval_dataset is None:
@@ -159,49 +159,80 @@ class Trainer:
     # -------------------------------------------------------------------- run
     def run(self, reporter: Reporter) -> dict[str, Any]:
         """Train to `train.steps`, evaluating and checkpointing on schedule. All ranks."""
-        cfg, rt, state = self.config, self.runtime, self.state
+        cfg, rt = self.config, self.runtime
         sampler = GlobalBatchSampler(
             dataset_len=len(self.dataset),  # type: ignore[arg-type]
             global_batch=cfg.train.global_batch, accum=self.accum, rank=rt.rank,
-            world_size=rt.world_size, seed=cfg.run.seed, cursor=state.cursor,
+            world_size=rt.world_size, seed=cfg.run.seed, cursor=self.state.cursor,
         )
         batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
-        clock = _Clock(state.elapsed_s)
+        clock = _Clock(self.state.elapsed_s)
         window = _Window()
         self.model.train()
-        while state.step < cfg.train.steps:
-            seed_step(cfg.run.seed, rt.rank, state.step)
-            window.lr = self.lr.apply(state.step)
-            self.monitor.step(*self._train_step(batches))
-            window.steps += 1
-            state.step += 1
-            state.cursor.take(cfg.train.global_batch, sampler.dataset_len)
-            state.samples += cfg.train.global_batch
-            last = state.step == cfg.train.steps
+        while self.state.step < cfg.train.steps:
+            self._one_step(batches, window, reporter, sampler.dataset_len)
+            last = self.state.step == cfg.train.steps
             window.pause()  # logging, evaluation and checkpoints are not training time
-            if state.step % cfg.monitor.log_every == 0 or last:
-                self._log_window(window, reporter)
+            if self.state.step % cfg.monitor.log_every == 0 or last:
+                self._log_window(window, reporter, clock)
             else:
-                reporter.advance(state.step)
-            self._on_schedule(last, reporter, clock)
+                reporter.advance(self.state.step)
+            # After a rollback the step went back: `last` is recomputed, not reused.
+            self._on_schedule(self.state.step == cfg.train.steps, reporter, clock)
             window.resume()
         if not self.last_eval:
             self.last_eval = self._evaluate()
-        state.elapsed_s = clock.elapsed()
+        self.state.elapsed_s = clock.elapsed()
         return self.summary()
 
-    def _log_window(self, window: _Window, reporter: Reporter) -> None:
+    def _one_step(self, batches: Any, window: _Window, reporter: Reporter,
+                  dataset_len: int) -> None:
+        cfg, state = self.config, self.state
+        self.heartbeat.at(state.step, "step")
+        self._fault("step")
+        seed_step(cfg.run.seed, self.runtime.rank, state.step)
+        window.lr = self.lr.apply(state.step)
+        loss, norm, skipped = self._train_step(batches)
+        self.monitor.step(loss, norm)
+        window.steps += 1
+        state.step += 1
+        state.cursor.take(cfg.train.global_batch, dataset_len)
+        state.samples += cfg.train.global_batch
+        if skipped:
+            reason = f"non-finite gradient norm ({norm.item()}) at step {state.step - 1}"
+            if cfg.fault.nonfinite == "raise":
+                raise FloatingPointError(reason + " (fault.nonfinite = 'raise')")
+            if cfg.fault.nonfinite == "rollback":
+                recovery.rollback(self, state.step - 1, reason, reporter)
+            else:
+                reporter.event(state.step - 1, "skip", f"{reason}: the update was skipped")
+
+    def _log_window(self, window: _Window, reporter: Reporter, clock: _Clock) -> None:
         self.state.train_s += window.busy
+        self.heartbeat.at(self.state.step, "window")
         closed = self.monitor.close(self.state.step, window.busy,
                                     {"lr": window.lr, "loss_scale": self.precision.loss_scale})
+        window.clear()
+        spike = 0
         if closed is not None:
             reporter.window(closed)
-        window.clear()
+            spikes = [e.step for e in closed.events if e.kind == "loss_spike"]
+            if spikes and self.config.fault.spike == "rollback":
+                spike = min(spikes)
+        decision = agree(self.preemption.requested, spike, self.runtime.device)
+        if decision.preempt:
+            self.state.elapsed_s = clock.elapsed()
+            recovery.preempt(self, reporter)
+        if decision.rollback_before:
+            recovery.rollback(self, decision.rollback_before,
+                              f"loss spike at step {decision.rollback_before}", reporter)
 
     def _on_schedule(self, last: bool, reporter: Reporter, clock: _Clock) -> None:
         """Evaluate and checkpoint when the config says so."""
         cfg, state = self.config, self.state
         if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
+            self.heartbeat.at(state.step, "eval")
+            self._fault("eval")
             elapsed = clock.elapsed()
             self.last_eval = self._evaluate()
             if self.last_eval:
@@ -212,8 +243,18 @@ class Trainer:
                                f"after {elapsed:.1f} s")
         every = cfg.checkpoint.every
         if (every and state.step % every == 0) or (last and cfg.checkpoint.at_end):
+            self.heartbeat.at(state.step, "checkpoint")
             state.elapsed_s = clock.elapsed()
-            self._save()
+            recovery.save(self, reporter)
+
+    def close(self) -> None:
+        """Stop the liveness thread and give SIGTERM back."""
+        self.heartbeat.close()
+        self.preemption.close()
+
+    def describe_ranks(self) -> str:
+        """Where every rank was last seen (for hang reports)."""
+        return self.heartbeat.describe()
 
     def summary(self) -> dict[str, Any]:
         """The run's outcome as JSON-ready values."""
@@ -272,3 +313,4 @@ class _Window:
     def clear(self) -> None:
         self.steps = 0
         self.busy = 0.0
+

@@ -21,6 +21,8 @@ class TrainState:
     scaler: dict[str, Any] = field(default_factory=dict)
     attempts: int = 1
     run_id: str = ""  # the run's id in the run store, kept across resumes
+    rollbacks: int = 0
+    lr_scale: float = 1.0  # product of fault.rollback_lr_scale over the rollbacks
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -34,6 +36,8 @@ class TrainState:
             "scaler": self.scaler,
             "attempts": self.attempts,
             "run_id": self.run_id,
+            "rollbacks": self.rollbacks,
+            "lr_scale": self.lr_scale,
         }
 
     @classmethod
@@ -49,4 +53,6 @@ class TrainState:
             scaler=dict(data.get("scaler") or {}),
             attempts=int(data.get("attempts", 1)),
             run_id=str(data.get("run_id", "")),
+            rollbacks=int(data.get("rollbacks", 0)),
+            lr_scale=float(data.get("lr_scale", 1.0)),
         )

@@ -1,0 +1,114 @@
+"""Fault injection: a declarative plan of what goes wrong, where and when.
+
+The plan comes from the environment variable TANDEM_FAULTS, either JSON or the path of
+a JSON file: a list of faults such as
+
+    [{"rank": 1, "step": 7, "phase": "compute", "kind": "kill"},
+     {"rank": 0, "step": 12, "kind": "nan"},
+     {"rank": "*", "step": 20, "phase": "checkpoint", "kind": "corrupt"}]
+
+kinds: kill (SIGKILL itself), sigterm, sigstop, raise (RuntimeError), nan (the step's
+loss becomes NaN), slow (sleep `seconds`), corrupt (flip one byte of the checkpoint just
+written). phases: step (start of a step, the default), data, compute, optim, checkpoint,
+eval. A fault fires in restart attempt `attempt` only (default 0), so a restarted group
+does not die again at the same step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("tandem")
+
+KINDS = ("kill", "sigterm", "sigstop", "raise", "nan", "slow", "corrupt")
+PHASES = ("step", "data", "compute", "optim", "checkpoint", "eval")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One thing to go wrong."""
+
+    step: int
+    kind: str
+    rank: int | None = None  # None: every rank
+    phase: str = "step"
+    attempt: int = 0
+    seconds: float = 1.0
+
+    @classmethod
+    def parse(cls, item: dict) -> Fault:
+        """Validate one JSON entry."""
+        kind, phase = item.get("kind"), item.get("phase", "step")
+        if kind not in KINDS:
+            raise ValueError(f"TANDEM_FAULTS: kind {kind!r} is not one of {list(KINDS)}")
+        if phase not in PHASES:
+            raise ValueError(f"TANDEM_FAULTS: phase {phase!r} is not one of {list(PHASES)}")
+        rank = item.get("rank", "*")
+        return cls(step=int(item["step"]), kind=kind, rank=None if rank == "*" else int(rank),
+                   phase=phase, attempt=int(item.get("attempt", 0)),
+                   seconds=float(item.get("seconds", 1.0)))
+
+
+class FaultPlan:
+    """The faults meant for this rank and restart attempt."""
+
+    def __init__(self, faults: list[Fault], rank: int, attempt: int) -> None:
+        self.faults = [f for f in faults
+                       if (f.rank is None or f.rank == rank) and f.attempt == attempt]
+
+    @classmethod
+    def from_env(cls, rank: int, attempt: int) -> FaultPlan | None:
+        """The plan in TANDEM_FAULTS, or None when there is none (the usual case)."""
+        text = os.environ.get("TANDEM_FAULTS", "").strip()
+        if not text:
+            return None
+        if not text.startswith("["):
+            text = Path(text).read_text()
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"TANDEM_FAULTS is not valid JSON: {err}") from None
+        return cls([Fault.parse(item) for item in items], rank, attempt)
+
+    def poisons(self, step: int) -> bool:
+        """True if this step's loss is to become NaN."""
+        return any(f.kind == "nan" and f.step == step for f in self.faults)
+
+    def hit(self, phase: str, step: int, checkpoint: Path | None = None) -> None:
+        """Act out the faults planned for (phase, step)."""
+        for fault in self.faults:
+            if fault.step != step or fault.phase != phase or fault.kind == "nan":
+                continue
+            log.warning("fault injection: %s at step %d (%s)", fault.kind, step, phase)
+            _act(fault, checkpoint)
+
+
+def _act(fault: Fault, checkpoint: Path | None) -> None:
+    if fault.kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif fault.kind == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif fault.kind == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault.kind == "raise":
+        raise RuntimeError(f"injected fault at step {fault.step} ({fault.phase})")
+    elif fault.kind == "slow":
+        time.sleep(fault.seconds)
+    elif fault.kind == "corrupt" and checkpoint is not None:
+        corrupt(checkpoint)
+
+
+def corrupt(checkpoint: Path) -> Path:
+    """Flip one byte in the middle of the checkpoint's largest data file."""
+    files = [p for p in checkpoint.iterdir() if p.is_file() and p.name != "manifest.json"]
+    target = max(files, key=lambda p: p.stat().st_size)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    return target
