@@ -11,7 +11,8 @@ kinds: kill (SIGKILL itself), sigterm, sigstop, raise (RuntimeError), nan (the s
 loss becomes NaN), slow (sleep `seconds`), corrupt (flip one byte of the checkpoint just
 written). phases: step (start of a step, the default), data, compute, optim, checkpoint,
 eval. A fault fires in restart attempt `attempt` only (default 0), so a restarted group
-does not die again at the same step.
+does not die again at the same step, and once per process (a rolled-back run that
+passes the step again does not meet it again).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +63,7 @@ class FaultPlan:
     def __init__(self, faults: list[Fault], rank: int, attempt: int) -> None:
         self.faults = [f for f in faults
                        if (f.rank is None or f.rank == rank) and f.attempt == attempt]
+        self.fired: set[Fault] = set()
 
     @classmethod
     def from_env(cls, rank: int, attempt: int) -> FaultPlan | None:
@@ -78,13 +81,16 @@ class FaultPlan:
 
     def poisons(self, step: int) -> bool:
         """True if this step's loss is to become NaN."""
-        return any(f.kind == "nan" and f.step == step for f in self.faults)
+        return bool(self._due("nan", step, lambda f: f.kind == "nan"))
+
+    def _due(self, phase: str, step: int, pick: Callable[[Fault], bool]) -> list[Fault]:
+        due = [f for f in self.faults if f.step == step and f not in self.fired and pick(f)]
+        self.fired.update(due)
+        return due
 
     def hit(self, phase: str, step: int, checkpoint: Path | None = None) -> None:
         """Act out the faults planned for (phase, step)."""
-        for fault in self.faults:
-            if fault.step != step or fault.phase != phase or fault.kind == "nan":
-                continue
+        for fault in self._due(phase, step, lambda f: f.phase == phase and f.kind != "nan"):
             log.warning("fault injection: %s at step %d (%s)", fault.kind, step, phase)
             _act(fault, checkpoint)
 

@@ -95,8 +95,12 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
     trainer = Trainer(task, config, runtime, run_dir)
     try:
         return _train(trainer, config, runtime, name)
-    except dist.DistError as err:
-        # A collective failed or timed out: say which rank stopped answering, and where.
+    except (dist.DistError, RuntimeError) as err:
+        if not runtime.distributed:
+            raise
+        # Gloo reports a timed-out collective as a plain RuntimeError ("Application
+        # timeout caused pair closure"): with the liveness records the message names
+        # the rank that stopped answering, and where it was.
         raise RuntimeError(f"{type(err).__name__}: {err}\nranks last seen: "
                            f"{trainer.describe_ranks()}") from err
     finally:

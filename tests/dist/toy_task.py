@@ -60,8 +60,8 @@ def config(run_dir: str, steps: int, global_batch: int, micro_batch: int = 0,
     return cfg
 
 
-def reference(steps: int, global_batch: int, seed: int = 7,
-              clip: float = 0.0) -> tuple[nn.Module, list[int]]:
+def reference(steps: int, global_batch: int, seed: int = 7, clip: float = 0.0,
+              skip: frozenset[int] = frozenset()) -> tuple[nn.Module, list[int]]:
     """One process, plain PyTorch: the documented global order, full-batch mean loss."""
     torch.manual_seed(derive_seed("build", seed))
     data = IndexedData()
@@ -69,7 +69,7 @@ def reference(steps: int, global_batch: int, seed: int = 7,
     opt = make_optimizer(model.parameters())
     order: list[int] = []
     epoch, offset = 0, 0
-    for _ in range(steps):
+    for step in range(steps):
         if offset + global_batch > N_SAMPLES:
             epoch, offset = epoch + 1, 0
         ids = epoch_order(seed, epoch, N_SAMPLES)[offset:offset + global_batch]
@@ -79,5 +79,6 @@ def reference(steps: int, global_batch: int, seed: int = 7,
         nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
         if clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
+        if step not in skip:
+            opt.step()
     return model, order

@@ -68,5 +68,6 @@ def test_sigterm_to_the_launcher_commits_and_the_rerun_continues(tmp_path: Path)
     assert again.returncode == 0, again.stderr
     assert jobs.status(tmp_path, "preempted") == "completed"
     clean = jobs.run(tmp_path, jobs.command("clean"))
+    assert clean.returncode == 0, clean.stderr
     _assert_same_weights(jobs.final_weights(tmp_path, "clean"),
                          jobs.final_weights(tmp_path, "preempted"))

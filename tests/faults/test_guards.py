@@ -1,0 +1,101 @@
+"""Bad numbers, a silent rank and mismatched configs: handled by every rank together."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import tandem
+from tandem.monitor.store import RunStore
+from tests.dist import toy_task
+from tests.dist.procs import run_ranks
+from tests.faults import jobs
+
+GLOBAL = 40
+
+
+def _train(rank: int, world: int, out: str, faults: list, fault_cfg: dict) -> None:
+    os.environ["TANDEM_FAULTS"] = json.dumps(faults)
+    cfg = toy_task.config(out, 20, GLOBAL, checkpoint={"every": 5}, fault=fault_cfg,
+                          monitor={"log_every": 5})
+    result = tandem.fit(toy_task.task(), config=cfg)
+    if rank == 0:
+        torch.save(result.model.state_dict(), Path(out, "weights.pt"))
+
+
+def _events(out: Path) -> list[dict]:
+    with RunStore(out / "tandem.db") as store:
+        return store.events(store.runs()[-1]["run_id"])
+
+
+@pytest.mark.timeout(120)
+def test_nan_on_one_rank_skips_the_step_on_every_rank(tmp_path: Path) -> None:
+    nan = [{"rank": 1, "step": 7, "kind": "nan"}]
+    run_ranks(_train, 2, str(tmp_path), nan, {"nonfinite": "skip"}, timeout=100)
+    ref, _ = toy_task.reference(20, GLOBAL, skip=frozenset({7}))
+    got = torch.load(tmp_path / "weights.pt", weights_only=True)
+    for name, value in ref.state_dict().items():
+        torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    skips = [e for e in _events(tmp_path) if e["kind"] == "skip"]
+    assert [e["step"] for e in skips] == [7]
+
+
+@pytest.mark.timeout(120)
+def test_nan_with_rollback_restores_the_last_checkpoint_and_skips_the_window(
+        tmp_path: Path) -> None:
+    nan = [{"rank": 0, "step": 12, "kind": "nan"}]
+    cfg = {"nonfinite": "rollback", "rollback_lr_scale": 0.5}
+    run_ranks(_train, 2, str(tmp_path), nan, cfg, timeout=100)
+    rollbacks = [e for e in _events(tmp_path) if e["kind"] == "rollback"]
+    assert len(rollbacks) == 1
+    assert "to step_000000010" in rollbacks[0]["message"]
+    assert "skipping 120 samples" in rollbacks[0]["message"]  # steps 10, 11, 12
+    got = torch.load(tmp_path / "weights.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in got.values())
+    assert not list((tmp_path / "toy" / "checkpoints").glob("step_000000012"))
+
+
+def _mismatched(rank: int, world: int, out: str) -> None:
+    cfg = toy_task.config(out, 5, GLOBAL, seed=rank)  # each rank a different seed
+    tandem.fit(toy_task.task(), config=cfg)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_with_different_configs_refuse_to_train(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError) as err:
+        run_ranks(_mismatched, 2, str(tmp_path), timeout=100)
+    assert "ranks [0, 1] failed" in str(err.value)
+    message = str(err.value)
+    for rank in (0, 1):  # each rank says it, with the same words
+        detail = message.split(f"rank {rank}:\n", 1)[1]
+        assert "ranks [0] vs ranks [1]" in detail
+    assert not (tmp_path / "toy").exists()  # refused before anything was written
+
+
+@pytest.mark.timeout(150)
+def test_a_stopped_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
+    stop = [{"rank": 1, "step": 8, "kind": "sigstop"}]
+    cmd = jobs.command("hang", 2, 0, "--plan.timeout_s", "10", "--fault.heartbeat_s", "0.5")
+    job = subprocess.Popen(cmd, cwd=tmp_path, env=jobs.env(stop), stderr=subprocess.PIPE,
+                           stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    started, lines = time.monotonic(), []
+    try:
+        for line in job.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if "ranks last seen: rank" in line:
+                break
+        waited = time.monotonic() - started
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    report = "".join(lines)
+    assert "ranks last seen: rank" in report, report[-3000:]
+    assert "rank 1: last seen" in report and "at step 8" in report
+    assert waited < 60
