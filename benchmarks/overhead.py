@@ -2,9 +2,11 @@
 
     python benchmarks/overhead.py [--nproc 2] [--steps 300] [--repeats 3]
 
-Runs the two contenders interleaved (A, B, A, B, ...) under torchrun, takes each run's
-median steady-state throughput (logging windows after the first) and prints the ratio
-tandem / baseline. Both log the loss every 25 steps with one all-reduce.
+Runs the two contenders interleaved (A, B, A, B, ...) under torchrun. Each logs every
+25 steps (the baseline all-reduces its loss; tandem gathers its window figures); the
+throughput of a run is measured end to end between its first and last logging line
+(wall clock, so logging costs count), which leaves start-up and the first window out.
+Prints the median over repeats and the ratio tandem / baseline.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tandem.monitor.store import RunStore  # noqa: E402
 
 
 def _torchrun(nproc: int, script: Path, args: list[str], cwd: str) -> str:
@@ -34,19 +39,26 @@ def _torchrun(nproc: int, script: Path, args: list[str], cwd: str) -> str:
 def tandem_rate(nproc: int, steps: int, batch: int, cwd: str, name: str) -> float:
     _torchrun(nproc, ROOT / "examples" / "mnist1d.py",
               ["--train.steps", str(steps), "--train.global_batch", str(batch),
-               "--train.eval_every", "0", "--checkpoint.at_end", "false",
+               "--train.eval_every", "0", "--checkpoint.every", "0",
+               "--checkpoint.at_end", "false", "--train.target", "",
                "--monitor.log_every", "25", "--monitor.progress", "off",
                "--run.name", name, "--run.dir", cwd], cwd)
-    rows = [json.loads(line) for line in Path(cwd, name, "metrics.jsonl").open()]
-    rates = [r["samples_per_s"] for r in rows if r.get("kind") == "train"]
-    return statistics.median(rates[1:])
+    with RunStore(Path(cwd) / "tandem.db") as store:
+        rows = store.metrics(store.run(name)["run_id"], name="loss", rank=-1)
+    return _rate([(r["step"], r["time"]) for r in rows], batch)
 
 
 def baseline_rate(nproc: int, steps: int, batch: int, cwd: str) -> float:
     out = _torchrun(nproc, ROOT / "benchmarks" / "ddp_baseline.py",
                     ["--steps", str(steps), "--global-batch", str(batch)], cwd)
-    rates = [json.loads(line)["samples_per_s"] for line in out.splitlines() if line.startswith("{")]
-    return statistics.median(rates[1:])
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return _rate([(r["step"], r["time"]) for r in rows], batch)
+
+
+def _rate(marks: list[tuple[int, float]], batch: int) -> float:
+    """Samples/s between the first and the last logging line."""
+    (s0, t0), (s1, t1) = marks[0], marks[-1]
+    return (s1 - s0) * batch / (t1 - t0)
 
 
 def main() -> None:

@@ -173,6 +173,7 @@ RECIPE = {
     "optim.schedule": "warmup_cosine",
     "optim.warmup_steps": 30,
     "optim.min_lr_ratio": 0.1,
+    "monitor.log_every": 25,
 }
 
 if __name__ == "__main__":
