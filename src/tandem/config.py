@@ -129,6 +129,9 @@ class MonitorConfig:
     log_every: int = _doc(10, "record loss and throughput every N steps")
     timing: bool = _doc(True, "time the phases of each step (data, compute, optimizer)")
     store: str = _doc("", "SQLite run store (default: <run.dir>/tandem.db)")
+    calibrate_at: int = _doc(
+        10, "after this step, measure exposed communication, FLOPs and peak once (0: never)"
+    )
     progress: Literal["auto", "bar", "log", "off"] = _doc(
         "auto", "rank 0 progress: a live bar (terminals), log lines, or nothing"
     )
@@ -183,6 +186,7 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "checkpoint.every": (0, "an integer >= 0"),
     "checkpoint.keep": (0, "an integer >= 0"),
     "monitor.log_every": (1, "an integer >= 1"),
+    "monitor.calibrate_at": (0, "an integer >= 0"),
     "fault.rollback_lr_scale": (1e-6, "a number > 0"),
     "fault.max_rollbacks": (0, "an integer >= 0"),
     "fault.heartbeat_s": (0, "a number >= 0"),

@@ -107,22 +107,43 @@ class LiveMonitor:
         finite = [g for g in grad_norms if math.isfinite(g)]
         if finite:
             rows.append((step, -1, "grad_norm", statistics.fmean(finite)))
-        step_times = [b / steps for b in fixed["busy"]]
-        median = statistics.median(step_times)
-        for r in range(self.world):
-            rows.append((step, r, "time/step", step_times[r]))
-            rows.append((step, r, "straggler/score", step_times[r] / median if median else 1.0))
-            rows.append((step, r, "mem/rss_bytes", fixed["rss"][r]))
-            for phase in PHASES:
-                rows.append((step, r, f"time/{phase}", fixed[phase][r] / steps))
-        for phase in PHASES:
-            rows.append((step, -1, f"time/{phase}", statistics.fmean(fixed[phase]) / steps))
+        rows += self._per_rank(step, fixed, steps)
+        phases = {p: statistics.fmean(fixed[p]) / steps for p in PHASES}
+        phases["compute"] = phases["forward"] + phases["backward"]
+        exposed = self.static.get("time/comm_exposed")
+        if exposed is not None:  # backward waits for the all-reduce: not compute
+            phases["compute"] = max(0.0, phases["compute"] - exposed)
+        rows += [(step, -1, f"time/{phase}", value) for phase, value in phases.items()]
+        flops, peak = self.static.get("flops/per_rank_step"), self.static.get("flops/peak")
+        if flops and peak and busy > 0:
+            achieved = flops * steps / busy
+            rows += [(step, -1, "flops/achieved_per_s", achieved),
+                     (step, -1, "mfu", achieved / peak)]
         system = self.system.sample() if self.system else {}
         rows += [(step, -1, name, value) for name, value in {**self.static, **extra,
                                                                **system}.items()]
         events = self._detect(step, per_step_loss, grad_norms[:steps], rate,
                               statistics.fmean(fixed["data"]) / max(busy, 1e-12))
         return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events)
+
+    def _per_rank(self, step: int, fixed: dict[str, list[float]], steps: int) -> list[Row]:
+        """Each rank's step, phases, memory and straggler score.
+
+        DDP makes every rank wait for the slowest inside backward, so step times come
+        out equal; what tells a straggler is its own time outside that wait: step
+        minus backward. The score is that time over the median rank's.
+        """
+        rows: list[Row] = []
+        own = [(b - bw) / steps for b, bw in zip(fixed["busy"], fixed["backward"], strict=True)]
+        median = statistics.median(own)
+        for r in range(self.world):
+            rows.append((step, r, "time/step", fixed["busy"][r] / steps))
+            rows.append((step, r, "straggler/score", own[r] / median if median > 0 else 1.0))
+            rows.append((step, r, "mem/rss_bytes", fixed["rss"][r]))
+            rows.append((step, r, "time/compute",
+                         (fixed["forward"][r] + fixed["backward"][r]) / steps))
+            rows += [(step, r, f"time/{p}", fixed[p][r] / steps) for p in PHASES]
+        return rows
 
     def _detect(self, step: int, losses: list[float], norms: list[float], rate: float,
                 data_fraction: float) -> list[Event]:

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import torch
 
-PHASES = ("data", "h2d", "compute", "optim")
+PHASES = ("data", "h2d", "forward", "backward", "optim")
 
 
 class PhaseClock:

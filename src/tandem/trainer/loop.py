@@ -15,9 +15,11 @@ from tandem.config import Config, parse_target
 from tandem.data.loader import train_batches
 from tandem.data.sampler import GlobalBatchSampler, split_batch
 from tandem.faults import FaultPlan
+from tandem.monitor.calibrate import calibrate
 from tandem.monitor.heartbeat import Heartbeat
 from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
+from tandem.monitor.system import state_bytes
 from tandem.optim.schedule import LrController
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
@@ -55,6 +57,7 @@ class Trainer:
         self.target = parse_target(train.target) if train.target else None
         self.last_eval: dict[str, float] = {}
         self.last_saved = -1
+        self.last_batch: Any = None
         self.faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
         self.preemption = PreemptionFlag()
         self.heartbeat = Heartbeat(runtime.store, runtime.rank, runtime.world_size,
@@ -101,19 +104,22 @@ class Trainer:
             clock.begin("data")
             batch = next(batches)
             clock.end()
+            self.last_batch = batch
             self._fault("compute")
-            clock.begin("compute", on_device=True)
             sync = parallel.no_sync(model) if k < self.accum - 1 else contextlib.nullcontext()
             with sync:
+                clock.begin("forward", on_device=True)
                 with precision.autocast():
                     loss = task.loss(task.run_forward(model, batch), batch)
                 if poison:
                     loss = loss * float("nan")
+                clock.end()
                 # Mean over the micro-batch / accum, then DDP's mean over ranks: the
                 # gradient of the mean loss over the whole global batch.
+                clock.begin("backward", on_device=True)
                 precision.backward(loss / self.accum)
+                clock.end()
             total += loss.detach().float()
-            clock.end()
         self._fault("optim")
         clock.begin("optim", on_device=True)
         norm = precision.grad_norm(self.optimizer, self.params, self.config.train.grad_clip)
@@ -125,6 +131,32 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         clock.end()
         return total, norm, skip
+
+    def _calibrate(self, reporter: Reporter) -> None:
+        """Measure exposed communication, FLOPs and peak on the last micro-batch. All ranks."""
+        model, task, batch = self.model, self.task, self.last_batch
+        buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+
+        def one_pass(sync: bool) -> None:
+            context = contextlib.nullcontext() if sync else parallel.no_sync(model)
+            with context:
+                with self.precision.autocast():
+                    loss = task.loss(task.run_forward(model, batch), batch)
+                loss.backward()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        try:
+            figures = calibrate(one_pass, device=self.runtime.device,
+                                world_size=self.runtime.world_size, accum=self.accum,
+                                grad_bytes=sum(p.numel() * p.element_size() for p in self.params),
+                                precision=self.config.precision.mode)
+        finally:
+            with torch.no_grad():
+                for name, value in model.named_buffers():
+                    value.copy_(buffers[name])
+        figures.update(state_bytes(model, self.optimizer))
+        self.monitor.static.update(figures)
+        reporter.record(self.state.step, figures)
 
     def _fault(self, phase: str) -> None:
         """Act out an injected fault planned for this phase of this step, if any."""
@@ -198,6 +230,8 @@ class Trainer:
         state.step += 1
         state.cursor.take(cfg.train.global_batch, dataset_len)
         state.samples += cfg.train.global_batch
+        if state.step == cfg.monitor.calibrate_at:
+            self._calibrate(reporter)
         if skipped:
             reason = f"non-finite gradient norm ({norm.item()}) at step {state.step - 1}"
             if cfg.fault.nonfinite == "raise":
