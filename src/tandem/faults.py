@@ -12,7 +12,9 @@ loss becomes NaN), slow (sleep `seconds`), corrupt (flip one byte of the checkpo
 written). phases: step (start of a step, the default), data, compute, optim, checkpoint,
 eval. A fault fires in restart attempt `attempt` only (default 0), so a restarted group
 does not die again at the same step, and once per process (a rolled-back run that
-passes the step again does not meet it again).
+passes the step again does not meet it again). With TANDEM_FAULT_LOG set, each fault
+appends a JSON line (time, rank, step, phase, kind) to that file before it acts, so a
+benchmark can time detection and restart from the moment of the fault.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class FaultPlan:
     """The faults meant for this rank and restart attempt."""
 
     def __init__(self, faults: list[Fault], rank: int, attempt: int) -> None:
+        self.rank = rank
         self.faults = [f for f in faults
                        if (f.rank is None or f.rank == rank) and f.attempt == attempt]
         self.fired: set[Fault] = set()
@@ -92,7 +95,17 @@ class FaultPlan:
         """Act out the faults planned for (phase, step)."""
         for fault in self._due(phase, step, lambda f: f.phase == phase and f.kind != "nan"):
             log.warning("fault injection: %s at step %d (%s)", fault.kind, step, phase)
+            _log(fault, self.rank)
             _act(fault, checkpoint)
+
+
+def _log(fault: Fault, rank: int) -> None:
+    path = os.environ.get("TANDEM_FAULT_LOG")
+    if path:
+        record = {"time": time.time(), "rank": rank, "step": fault.step, "phase": fault.phase,
+                  "kind": fault.kind}
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
 
 
 def _act(fault: Fault, checkpoint: Path | None) -> None:

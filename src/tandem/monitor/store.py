@@ -171,8 +171,8 @@ class RunStore:
         """Record that run `run_id` started.
 
         Starting an id that exists is a resume: the run is marked running again, its
-        config, plan and env are replaced, its metrics and `started` time are kept, and a
-        `resume` event records the restart.
+        config, plan and env are replaced, its metrics and `started` time are kept (the
+        trainer records the resume itself, with the step it resumed from).
         """
         if not run_id:
             raise ValueError("run_id must be a non-empty string")
@@ -189,9 +189,6 @@ class RunStore:
                 "UPDATE runs SET name=?, finished=NULL, status='running', config=?, plan=?, "
                 "env=? WHERE run_id=?",
                 (name, _dumps(config), _dumps(plan), _dumps(env), run_id))
-            self._conn.execute(
-                "INSERT INTO events VALUES (?, -1, -1, 'resume', ?, NULL, NULL, ?)",
-                (run_id, f"run restarted (was {existing['status']})", now))
 
     def log_metrics(self, run_id: str, rows: Iterable[MetricRow]) -> int:
         """Append metric rows (step, rank, name, value, time) in one transaction.

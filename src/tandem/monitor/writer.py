@@ -140,7 +140,9 @@ class StoreWriter:
                     metrics.append(row)
                 else:
                     events.append(row)
-            due = (len(metrics) >= BATCH_ROWS or stop or flushes
+            # Events are rare and are what a post-mortem needs (a SIGKILL loses what is
+            # still queued): they are written at once, with the metrics queued so far.
+            due = (len(metrics) >= BATCH_ROWS or stop or flushes or events
                    or time.monotonic() - last_write >= BATCH_SECONDS)
             if not due:
                 continue
