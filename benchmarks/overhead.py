@@ -37,7 +37,7 @@ def _torchrun(nproc: int, script: Path, args: list[str], cwd: str) -> str:
 
 
 def tandem_rate(nproc: int, steps: int, batch: int, cwd: str, name: str) -> float:
-    _torchrun(nproc, ROOT / "examples" / "mnist1d.py",
+    _torchrun(nproc, ROOT / "examples" / "mnist1d_cnn.py",
               ["--train.steps", str(steps), "--train.global_batch", str(batch),
                "--train.eval_every", "0", "--checkpoint.every", "0",
                "--checkpoint.at_end", "false", "--train.target", "",
