@@ -28,6 +28,9 @@ class Task:
     one process on the whole global batch. ``metrics`` are per-batch means too; tandem
     weights them by batch size when it reduces them across batches and ranks.
 
+    ``loss`` may be called a few extra times on one batch when the monitor calibrates
+    (``monitor.calibrate_at``): it must have no side effects beyond its result.
+
     ``forward(model, batch)`` maps a batch to the model's outputs; the default calls
     ``model(batch[0])`` for a tuple/list batch, ``model(batch["input"])`` for a dict,
     and ``model(batch)`` otherwise.

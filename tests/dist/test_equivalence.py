@@ -33,7 +33,8 @@ def _assert_matches_reference(out: Path, clip: float = 0.0) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("world", "micro"), [(1, 0), (1, 8), (2, 0), (2, 4), (4, 0), (4, 5)])
 def test_weights_match_plain_pytorch(tmp_path: Path, world: int, micro: int) -> None:
-    extra = {"checkpoint": {"at_end": False}}
+    # Calibration's extra passes (exposed communication, FLOPs) must not alter training.
+    extra = {"checkpoint": {"at_end": False}, "monitor": {"calibrate_at": 5}}
     run_ranks(_train, world, str(tmp_path), micro, STEPS, extra, timeout=100)
     _assert_matches_reference(tmp_path)
 

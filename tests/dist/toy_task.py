@@ -54,6 +54,8 @@ def config(run_dir: str, steps: int, global_batch: int, micro_batch: int = 0,
     cfg.train.steps, cfg.train.global_batch = steps, global_batch
     cfg.train.micro_batch = micro_batch
     cfg.monitor.progress = "off"
+    # Calibration re-runs the loss on a batch, which SEEN would count as training.
+    cfg.monitor.calibrate_at = 0
     for section, values in sections.items():
         for key, value in values.items():
             setattr(getattr(cfg, section), key, value)
