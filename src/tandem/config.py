@@ -57,9 +57,14 @@ class DataConfig:
 class PlanConfig:
     """How the model is spread over processes."""
 
-    strategy: Literal["auto", "single", "ddp"] = _doc(
-        "auto", "auto: no wrapper for one process, DDP for more; single; ddp"
+    strategy: Literal["auto", "single", "ddp", "localsgd", "diloco"] = _doc(
+        "auto", "auto: no wrapper for one process, DDP for more; single; ddp; localsgd "
+        "(average the replicas every sync_every steps); diloco (outer Nesterov step on the "
+        "averaged change every sync_every steps)"
     )
+    sync_every: int = _doc(8, "localsgd/diloco: optimizer steps between meetings (H)")
+    outer_lr: float = _doc(0.7, "diloco: learning rate of the outer Nesterov step")
+    outer_momentum: float = _doc(0.9, "diloco: momentum of the outer Nesterov step")
     bucket_mb: float = _doc(25.0, "DDP gradient bucket size in MiB")
     static_graph: bool = _doc(False, "DDP static_graph (the same parameters are used every step)")
     find_unused: bool = _doc(False, "DDP find_unused_parameters (some parameters get no gradient)")
@@ -177,6 +182,9 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "data.prefetch": (1, "an integer >= 1"),
     "plan.bucket_mb": (0.001, "a number > 0"),
     "plan.timeout_s": (1, "a number >= 1"),
+    "plan.sync_every": (1, "an integer >= 1"),
+    "plan.outer_lr": (1e-9, "a number > 0"),
+    "plan.outer_momentum": (0, "a number in [0, 1)"),
     "precision.init_scale": (1, "a number >= 1"),
     "precision.growth_interval": (1, "an integer >= 1"),
     "optim.warmup_steps": (0, "an integer >= 0"),
@@ -280,9 +288,30 @@ def validate(config: Config) -> Config:
         )
     if config.train.target:
         parse_target(config.train.target)
+    if config.plan.strategy in ("localsgd", "diloco"):
+        _check_low_communication(config)
     if config.run.name and ("/" in config.run.name or config.run.name in (".", "..")):
         raise ValueError(f"run.name: {config.run.name!r} must be a plain name without '/'")
     return config
+
+
+def _check_low_communication(config: Config) -> None:
+    plan = config.plan
+    if plan.outer_momentum >= 1:
+        raise ValueError(f"plan.outer_momentum: {plan.outer_momentum} must be < 1")
+    every = config.checkpoint.every
+    if every and every % plan.sync_every:
+        raise ValueError(
+            f"checkpoint.every: {every} must be a multiple of plan.sync_every "
+            f"({plan.sync_every}) with plan.strategy {plan.strategy!r}: between meetings the "
+            "replicas differ and a checkpoint would keep only one of them"
+        )
+    if config.fault.nonfinite == "rollback":
+        raise ValueError(
+            f"fault.nonfinite: 'rollback' needs the ranks to agree every step, which "
+            f"plan.strategy {plan.strategy!r} avoids; use 'skip' (each replica skips its own "
+            "bad update) or 'raise'"
+        )
 
 
 def parse_target(text: str) -> tuple[str, str, float]:

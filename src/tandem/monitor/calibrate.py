@@ -65,20 +65,24 @@ def allreduce_bandwidth(nbytes: int, device: torch.device, repeats: int = 5) -> 
 
 
 def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
-              grad_bytes: int, precision: str) -> dict[str, float]:
-    """Every once-per-run figure, as metric name -> value. All ranks."""
+              grad_bytes: int, precision: str, synchronised: bool) -> dict[str, float]:
+    """Every once-per-run figure, as metric name -> value. All ranks.
+
+    `synchronised`: gradients are all-reduced every step (DDP). Low-communication
+    replicas report their meetings' cost per window instead.
+    """
     figures: dict[str, float] = {}
     flops = count_flops(lambda: run(False))
     peak, source = peak_flops(device, precision)
     figures["flops/per_rank_step"] = float(flops * accum)
     figures["flops/peak"] = peak
     figures["flops/peak_measured"] = 1.0 if source.startswith("measured") else 0.0
-    if world_size > 1:
+    if world_size > 1 and synchronised:
         figures.update(exposed_comm(run, device))
         # A ring all-reduce sends 2 (N-1)/N of the buffer from every rank.
         figures["comm/bytes_per_step"] = 2 * (world_size - 1) / world_size * grad_bytes
         figures["comm/allreduce_bytes_per_s"] = allreduce_bandwidth(grad_bytes, device)
-    else:
+    elif world_size == 1:
         figures["time/comm_exposed"] = 0.0
         figures["comm/bytes_per_step"] = 0.0
     return figures

@@ -12,11 +12,11 @@ from tandem.runtime import Runtime
 
 
 def resolve_strategy(plan: PlanConfig, runtime: Runtime) -> str:
-    """The concrete strategy for this world size ('single' or 'ddp')."""
+    """The concrete strategy for this world size."""
     if plan.strategy == "auto":
         return "ddp" if runtime.distributed else "single"
-    if plan.strategy == "ddp" and not runtime.distributed:
-        return "single"  # DDP over one process would only add overhead
+    if plan.strategy in ("ddp", "localsgd", "diloco") and not runtime.distributed:
+        return "single"  # with one process there is nothing to synchronise
     if plan.strategy == "single" and runtime.distributed:
         raise ValueError(
             f"plan.strategy: 'single' cannot train on {runtime.world_size} processes; "
@@ -32,8 +32,8 @@ def wrap(model: nn.Module, plan: PlanConfig, runtime: Runtime) -> nn.Module:
     """
     model = model.to(runtime.device)
     strategy = resolve_strategy(plan, runtime)
-    if strategy == "single":
-        return model
+    if strategy in ("single", "localsgd", "diloco"):
+        return model  # low-communication replicas meet through LowCommSync, not a wrapper
     return DistributedDataParallel(
         model,
         device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,

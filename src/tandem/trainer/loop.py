@@ -21,6 +21,7 @@ from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
 from tandem.monitor.system import state_bytes
 from tandem.optim.schedule import LrController
+from tandem.parallel.lowcomm import LowCommSync
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
 from tandem.trainer import recovery
@@ -49,6 +50,12 @@ class Trainer:
         self.dataset = task.train_data()
         self.eval_dataset = task.eval_data() if task.eval_data is not None else None
         self.model = parallel.wrap(task.model(), config.plan, runtime)
+        self.strategy = parallel.resolve_strategy(config.plan, runtime)
+        self.lowcomm = (LowCommSync(self.model, method=self.strategy,
+                                    every=config.plan.sync_every,
+                                    outer_lr=config.plan.outer_lr,
+                                    outer_momentum=config.plan.outer_momentum)
+                        if self.strategy in ("localsgd", "diloco") else None)
         self.optimizer = task.optimizer(self.model.parameters())
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.lr = LrController(self.optimizer, config.optim, train.steps, train.global_batch)
@@ -149,7 +156,8 @@ class Trainer:
             figures = calibrate(one_pass, device=self.runtime.device,
                                 world_size=self.runtime.world_size, accum=self.accum,
                                 grad_bytes=sum(p.numel() * p.element_size() for p in self.params),
-                                precision=self.config.precision.mode)
+                                precision=self.config.precision.mode,
+                                synchronised=self.strategy == "ddp")
         finally:
             with torch.no_grad():
                 for name, value in model.named_buffers():
@@ -228,6 +236,10 @@ class Trainer:
         self.monitor.step(loss, norm)
         window.steps += 1
         state.step += 1
+        if self.lowcomm is not None:
+            started = time.perf_counter()
+            self.lowcomm.after_step(state.step, force=state.step == cfg.train.steps)
+            window.comm_s += time.perf_counter() - started
         state.cursor.take(cfg.train.global_batch, dataset_len)
         state.samples += cfg.train.global_batch
         if state.step == cfg.monitor.calibrate_at:
@@ -244,8 +256,11 @@ class Trainer:
     def _log_window(self, window: _Window, reporter: Reporter, clock: _Clock) -> None:
         self.state.train_s += window.busy
         self.heartbeat.at(self.state.step, "window")
-        closed = self.monitor.close(self.state.step, window.busy,
-                                    {"lr": window.lr, "loss_scale": self.precision.loss_scale})
+        extra = {"lr": window.lr, "loss_scale": self.precision.loss_scale}
+        if self.lowcomm is not None and window.steps:
+            extra["time/comm_exposed"] = window.comm_s / window.steps
+            extra["comm/bytes_per_step"] = self.lowcomm.take_bytes() / window.steps
+        closed = self.monitor.close(self.state.step, window.busy, extra)
         window.clear()
         spike = 0
         if closed is not None:
@@ -332,6 +347,7 @@ class _Window:
 
     def __init__(self) -> None:
         self.steps = 0
+        self.comm_s = 0.0  # low-communication meetings (DDP's is inside backward)
         self.lr = 0.0
         self.busy = 0.0
         self.start = time.perf_counter()
@@ -346,5 +362,6 @@ class _Window:
 
     def clear(self) -> None:
         self.steps = 0
+        self.comm_s = 0.0
         self.busy = 0.0
 

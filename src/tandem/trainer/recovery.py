@@ -25,10 +25,19 @@ def checkpoint_root(trainer: Trainer) -> Path:
     return trainer.run_dir / "checkpoints"
 
 
-def _load(trainer: Trainer, path: Path) -> TrainState:
+def _tensors(trainer: Trainer) -> dict:
     tensors = checkpoint.capture(trainer.model, trainer.optimizer)
+    if trainer.lowcomm is not None:
+        tensors["lowcomm"] = trainer.lowcomm.state_dict()
+    return tensors
+
+
+def _load(trainer: Trainer, path: Path) -> TrainState:
+    tensors = _tensors(trainer)
     meta = checkpoint.load(path, tensors)
     checkpoint.restore(trainer.model, trainer.optimizer, tensors)
+    if trainer.lowcomm is not None:
+        trainer.lowcomm.load_state_dict(tensors["lowcomm"])
     state = TrainState.from_dict(meta["train_state"])
     trainer.precision.load_state_dict(state.scaler)
     return state
@@ -60,8 +69,7 @@ def save(trainer: Trainer, reporter: Reporter) -> Path:
     meta = {"train_state": state.to_dict(), "config": trainer.config.to_dict(),
             "world_size": trainer.runtime.world_size}
     started = time.perf_counter()
-    path = checkpoint.save(checkpoint_root(trainer), state.step,
-                           checkpoint.capture(trainer.model, trainer.optimizer), meta,
+    path = checkpoint.save(checkpoint_root(trainer), state.step, _tensors(trainer), meta,
                            keep=trainer.config.checkpoint.keep)
     blocked = time.perf_counter() - started
     reporter.record(state.step, {"time/checkpoint_blocking_s": blocked})
