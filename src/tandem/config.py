@@ -57,8 +57,9 @@ class DataConfig:
 class PlanConfig:
     """How the model is spread over processes."""
 
-    strategy: Literal["auto", "single", "ddp", "localsgd", "diloco"] = _doc(
-        "auto", "auto: no wrapper for one process, DDP for more; single; ddp; localsgd "
+    strategy: Literal["auto", "single", "ddp", "fsdp", "localsgd", "diloco"] = _doc(
+        "auto", "auto: no wrapper for one process, DDP for more; single; ddp; fsdp (FSDP2: "
+        "parameters, gradients and optimizer state sharded over the processes); localsgd "
         "(average the replicas every sync_every steps); diloco (outer Nesterov step on the "
         "averaged change every sync_every steps)"
     )
@@ -73,6 +74,26 @@ class PlanConfig:
     )
     device: Literal["auto", "cpu", "cuda"] = _doc("auto", "device (auto: cuda when available)")
     timeout_s: float = _doc(300.0, "collective timeout in seconds")
+    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "topk", "hierarchical"] = _doc(
+        "none", "DDP gradient communication: none (fp32 all-reduce); fp16 / bf16 (half the "
+        "bytes; bf16 needs nccl); powersgd, topk (lossy, with error feedback); hierarchical "
+        "(reduce in node, all-reduce between nodes, broadcast in node)"
+    )
+    powersgd_rank: int = _doc(2, "comm_hook powersgd: rank of the low-rank approximation")
+    powersgd_warmup: int = _doc(
+        10, "comm_hook powersgd: steps of plain all-reduce before compressing (>= 2)"
+    )
+    topk_ratio: float = _doc(0.01, "comm_hook topk: fraction of each bucket's entries sent")
+    fsdp_reshard: bool = _doc(
+        True, "fsdp: free each block's gathered parameters after its forward (less memory, "
+        "one more all-gather in backward)"
+    )
+    fsdp_param_dtype: Literal["fp32", "bf16", "fp16"] = _doc(
+        "fp32", "fsdp: dtype the gathered parameters compute in (fp32: their own dtype)"
+    )
+    fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] = _doc(
+        "fp32", "fsdp: dtype of the gradient reduce-scatter"
+    )
 
 
 @dataclass(kw_only=True)
@@ -185,6 +206,8 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "plan.sync_every": (1, "an integer >= 1"),
     "plan.outer_lr": (1e-9, "a number > 0"),
     "plan.outer_momentum": (0, "a number in [0, 1)"),
+    "plan.powersgd_rank": (1, "an integer >= 1"),
+    "plan.powersgd_warmup": (2, "an integer >= 2"),
     "precision.init_scale": (1, "a number >= 1"),
     "precision.growth_interval": (1, "an integer >= 1"),
     "optim.warmup_steps": (0, "an integer >= 0"),
@@ -277,6 +300,13 @@ def validate(config: Config) -> Config:
         value = getattr(getattr(config, section), name)
         if value < minimum:
             raise ValueError(f"{path}: {value!r} is out of range; expected {allowed}")
+    if not 0 < config.plan.topk_ratio <= 1:
+        raise ValueError(f"plan.topk_ratio: {config.plan.topk_ratio!r} must be in (0, 1]")
+    if config.plan.comm_hook != "none" and config.plan.strategy not in ("auto", "ddp"):
+        raise ValueError(
+            f"plan.comm_hook: {config.plan.comm_hook!r} applies to DDP; with plan.strategy "
+            f"{config.plan.strategy!r} leave it 'none' (fsdp: set plan.fsdp_reduce_dtype)"
+        )
     if config.optim.min_lr_ratio > 1:
         raise ValueError(f"optim.min_lr_ratio: {config.optim.min_lr_ratio} must be <= 1")
     if not 0 < config.optim.pct_start < 1:

@@ -19,6 +19,7 @@ from tandem import parallel
 from tandem.config import Config, load, parse_args, reference, validate
 from tandem.monitor.progress import Reporter
 from tandem.monitor.recorder import Recorder, new_run_id
+from tandem.parallel import fsdp
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
 from tandem.trainer.guard import Preempted
@@ -135,7 +136,11 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> Run
         if runtime.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = "completed"
-        return RunResult(model=parallel.unwrap(trainer.model), summary=summary, run_dir=run_dir)
+        model = trainer.model
+        if fsdp.is_sharded(model):
+            # FSDP2 parameters are shards tied to the process group, which ends with fit().
+            model = fsdp.gather(model, trainer.task.model().to(runtime.device))
+        return RunResult(model=parallel.unwrap(model), summary=summary, run_dir=run_dir)
     except Preempted:
         status = "preempted"
         raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -149,6 +150,9 @@ def stop(runtime: Runtime) -> None:
     """
     if runtime.owns_group and dist.is_initialized():
         dist.barrier()
+        # FSDP2 modules hold their group in reference cycles; freed only at exit, after
+        # the group is gone, gloo sometimes aborts the process. Free them now.
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from tandem.runtime import derive_seed
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks
 
-STEPS, GLOBAL, SEED = 10, 40, 7
+STEPS, GLOBAL, SEED, WORLD = 10, 40, 7, 2
 
 OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "sgd": toy_task.make_optimizer,
@@ -53,13 +54,11 @@ def reference(optimizer: str) -> dict[str, torch.Tensor]:
     return model.state_dict()
 
 
-def _train(rank: int, world: int, out: str, optimizer: str, accum: int) -> None:
-    dist.init_process_group("gloo")
-    torch.manual_seed(derive_seed("build", SEED))
-    data, model = toy_task.IndexedData(), toy_task.make_model()
-    full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    model = fsdp.shard(model, reshard_after_forward=True, param_dtype=None, reduce_dtype=None)
-    local = fsdp.local_param_bytes(model)
+CASES = {"sgd": ("sgd", 1), "sgd_accum": ("sgd", 2), "lamb": ("lamb", 1), "lars": ("lars", 1)}
+
+
+def _train(model: nn.Module, optimizer: str, accum: int, rank: int, world: int) -> None:
+    data = toy_task.IndexedData()
     opt = OPTIMIZERS[optimizer](model.parameters())
     share = GLOBAL // world
     for ids in global_batches(STEPS, GLOBAL):
@@ -71,47 +70,84 @@ def _train(rank: int, world: int, out: str, optimizer: str, accum: int) -> None:
                 loss.backward()
         opt.step()
         opt.zero_grad()
+
+
+def _case(rank: int, world: int, optimizer: str, accum: int) -> dict:
+    torch.manual_seed(derive_seed("build", SEED))
+    model = toy_task.make_model()
+    full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    model = fsdp.shard(model, reshard_after_forward=True, param_dtype=None, reduce_dtype=None)
+    local = fsdp.local_param_bytes(model)
+    _train(model, optimizer, accum, rank, world)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     total = torch.tensor([local])
     dist.all_reduce(total)
+    plain = fsdp.gather(model, toy_task.make_model())
+    return {"state": {k: v.detach().clone() for k, v in state.items()},
+            "gathered": plain.state_dict(), "local": local, "total": int(total),
+            "full": full_bytes}
+
+
+def _worker(rank: int, world: int, out: str) -> None:
+    """Every case in one process group: starting processes costs far more than training."""
+    dist.init_process_group("gloo")
+    results = {case: _case(rank, world, *args) for case, args in CASES.items()}
     if rank == 0:
-        torch.save({"state": {k: v.detach().clone() for k, v in state.items()},
-                    "local": local, "total": int(total), "full": full_bytes},
-                   Path(out, "result.pt"))
+        torch.save(results, Path(out, "results.pt"))
+    # An FSDP2 module that ran holds its process group; freed only at interpreter exit,
+    # after destroy_process_group, gloo sometimes aborts the process ("terminate called
+    # without an active exception", ~1 run in 10). Free the modules (cycles) first.
+    gc.collect()
     dist.destroy_process_group()
 
 
-def _check(out: Path, optimizer: str, world: int) -> None:
-    got = torch.load(out / "result.pt", weights_only=True)
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("fsdp")
+    run_ranks(_worker, WORLD, str(out), timeout=110)
+    return torch.load(out / "results.pt", weights_only=True)
+
+
+def _check(got: dict, optimizer: str) -> None:
     want = reference(optimizer)
     assert sorted(got["state"]) == sorted(want)
     for name, value in want.items():
         torch.testing.assert_close(got["state"][name], value, rtol=1e-5, atol=1e-6, msg=name)
-    # Every byte stored once over the ranks, and each rank holds about 1/N of it (the
-    # uneven split of a 3-row layer over 2 ranks puts rank 0 a few % above half).
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_sgd_matches_plain_pytorch(results: dict) -> None:
+    _check(results["sgd"], "sgd")
+
+
+@pytest.mark.timeout(120)
+def test_gather_gives_a_plain_module_with_the_full_weights(results: dict) -> None:
+    got = results["sgd"]
+    for name, value in got["state"].items():
+        assert type(got["gathered"][name]) is torch.Tensor
+        torch.testing.assert_close(got["gathered"][name], value, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.timeout(120)
+def test_each_rank_stores_about_one_nth_of_the_parameters(results: dict) -> None:
+    got = results["sgd"]
+    # Every byte is stored once over the ranks, and each rank holds about 1/N of them
+    # (the uneven split of a 3-row layer over 2 ranks puts rank 0 a few % above half).
     assert got["total"] == got["full"]
-    assert abs(got["local"] - got["full"] / world) <= 0.1 * got["full"] / world
+    assert abs(got["local"] - got["full"] / WORLD) <= 0.1 * got["full"] / WORLD
 
 
 @pytest.mark.timeout(120)
-def test_fsdp_sgd_matches_plain_pytorch_and_shards_parameters(tmp_path: Path) -> None:
-    run_ranks(_train, 2, str(tmp_path), "sgd", 1, timeout=100)
-    _check(tmp_path, "sgd", 2)
-
-
-@pytest.mark.timeout(120)
-def test_fsdp_gradient_accumulation_matches_plain_pytorch(tmp_path: Path) -> None:
-    run_ranks(_train, 2, str(tmp_path), "sgd", 2, timeout=100)
-    _check(tmp_path, "sgd", 2)
+def test_fsdp_gradient_accumulation_matches_plain_pytorch(results: dict) -> None:
+    _check(results["sgd_accum"], "sgd")
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("optimizer", ["lamb", "lars"])
-def test_layerwise_optimizers_work_on_sharded_parameters(tmp_path: Path, optimizer: str) -> None:
+def test_layerwise_optimizers_work_on_sharded_parameters(results: dict, optimizer: str) -> None:
     # The trust ratios need whole-layer norms: on DTensor shards they must be reduced
     # over the ranks, or each rank would scale its shard by a different ratio.
-    run_ranks(_train, 2, str(tmp_path), optimizer, 1, timeout=100)
-    _check(tmp_path, optimizer, 2)
+    _check(results[optimizer], optimizer)
 
 
 def test_auto_blocks_are_the_children_of_the_outermost_containers() -> None:

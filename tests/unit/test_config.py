@@ -17,7 +17,7 @@ def test_defaults_validate_and_round_trip_through_toml(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("key", "value", "needle"), [
     ("train.stepz", "1", "unknown config key 'train.stepz'"),
     ("nope.steps", "1", "sections ['run', 'train'"),
-    ("plan.strategy", "zero9", "choose one of ['auto', 'single', 'ddp']"),
+    ("plan.strategy", "zero9", "choose one of ['auto', 'single', 'ddp', 'fsdp', 'localsgd'"),
     ("train.steps", "0", "train.steps: 0 is out of range"),
     ("train.steps", "1.5", "train.steps: '1.5' is not an integer"),
     ("data.pin_memory", "maybe", "not a boolean"),

@@ -3,24 +3,38 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import weakref
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.config import PlanConfig
+from tandem.parallel import fsdp, hooks
+from tandem.parallel.hierarchical import register_hierarchical
 from tandem.runtime import Runtime
+
+log = logging.getLogger("tandem")
+
+_DTYPES: dict[str, torch.dtype | None] = {
+    "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Byte counters of the DDP comm hooks in force, by wrapped model (read by the monitor).
+_COMM_STATS: weakref.WeakKeyDictionary[nn.Module, hooks.CommStats] = (
+    weakref.WeakKeyDictionary())
 
 
 def resolve_strategy(plan: PlanConfig, runtime: Runtime) -> str:
     """The concrete strategy for this world size."""
     if plan.strategy == "auto":
         return "ddp" if runtime.distributed else "single"
-    if plan.strategy in ("ddp", "localsgd", "diloco") and not runtime.distributed:
+    if plan.strategy in ("ddp", "fsdp", "localsgd", "diloco") and not runtime.distributed:
         return "single"  # with one process there is nothing to synchronise
     if plan.strategy == "single" and runtime.distributed:
         raise ValueError(
             f"plan.strategy: 'single' cannot train on {runtime.world_size} processes; "
-            "use 'auto' or 'ddp'"
+            "use 'auto', 'ddp' or 'fsdp'"
         )
     return plan.strategy
 
@@ -34,7 +48,11 @@ def wrap(model: nn.Module, plan: PlanConfig, runtime: Runtime) -> nn.Module:
     strategy = resolve_strategy(plan, runtime)
     if strategy in ("single", "localsgd", "diloco"):
         return model  # low-communication replicas meet through LowCommSync, not a wrapper
-    return DistributedDataParallel(
+    if strategy == "fsdp":
+        return fsdp.shard(model, reshard_after_forward=plan.fsdp_reshard,
+                          param_dtype=_DTYPES[plan.fsdp_param_dtype],
+                          reduce_dtype=_DTYPES[plan.fsdp_reduce_dtype])
+    ddp = DistributedDataParallel(
         model,
         device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,
         bucket_cap_mb=plan.bucket_mb,
@@ -42,10 +60,31 @@ def wrap(model: nn.Module, plan: PlanConfig, runtime: Runtime) -> nn.Module:
         find_unused_parameters=plan.find_unused,
         gradient_as_bucket_view=True,
     )
+    _register_hook(ddp, plan, runtime)
+    return ddp
+
+
+def _register_hook(ddp: DistributedDataParallel, plan: PlanConfig, runtime: Runtime) -> None:
+    if plan.comm_hook != "hierarchical":
+        _COMM_STATS[ddp] = hooks.register(
+            ddp, plan.comm_hook, backend=dist.get_backend(), powersgd_rank=plan.powersgd_rank,
+            powersgd_warmup=plan.powersgd_warmup, topk_ratio=plan.topk_ratio)
+    elif runtime.local_world_size in (1, runtime.world_size):
+        # One node (or one process per node): two levels would only add a step.
+        log.warning("plan.comm_hook 'hierarchical' on %d node(s) of %d processes: using "
+                    "DDP's flat all-reduce", runtime.world_size // runtime.local_world_size,
+                    runtime.local_world_size)
+    else:
+        register_hierarchical(ddp, runtime.local_world_size)
+
+
+def comm_stats(model: nn.Module) -> hooks.CommStats | None:
+    """Bytes per step sent by the wrapped model's DDP comm hook (None: not DDP)."""
+    return _COMM_STATS.get(model)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside any wrapper."""
+    """The user's module inside any wrapper (an FSDP2 module is its own module)."""
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
@@ -53,6 +92,6 @@ def no_sync(model: nn.Module) -> contextlib.AbstractContextManager[None]:
     """A context that skips gradient synchronisation (accumulation micro-batches)."""
     if isinstance(model, DistributedDataParallel):
         return model.no_sync()
+    if fsdp.is_sharded(model):
+        return fsdp.no_sync(model)
     return contextlib.nullcontext()
-
-

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -88,7 +89,9 @@ def no_sync(model: nn.Module) -> Iterator[None]:
     """Skip the gradient reduce-scatter inside the context (accumulation micro-batches).
 
     The gradients accumulate unsharded until the first backward outside the context,
-    which reduces the sum; this is FSDP2's `set_requires_gradient_sync(False)`.
+    which reduces the sum; this is FSDP2's `set_requires_gradient_sync(False)`. Unlike
+    DDP's no_sync, they are held inside FSDP, not in `p.grad`: `zero_grad` does not drop
+    them, only the next synchronised backward consumes them.
     """
     if not isinstance(model, FSDPModule):
         raise ValueError(f"fsdp.no_sync: {type(model).__name__} is not an FSDP2 module")
@@ -97,6 +100,18 @@ def no_sync(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)
+
+
+def gather(model: nn.Module, into: nn.Module) -> nn.Module:
+    """Copy a sharded model's full weights into `into`, a plain module of the same shape.
+
+    The result no longer depends on the process group, so it stays usable after the group
+    is destroyed (a sharded module does not: its DTensors need the group). Must be called
+    on all processes while the group exists: it all-gathers every parameter.
+    """
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    into.load_state_dict(state)
+    return into
 
 
 def local_param_bytes(model: nn.Module) -> int:

@@ -21,6 +21,7 @@ from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
 from tandem.monitor.system import state_bytes
 from tandem.optim.schedule import LrController
+from tandem.parallel import fsdp
 from tandem.parallel.lowcomm import LowCommSync
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
@@ -159,6 +160,10 @@ class Trainer:
                                 precision=self.config.precision.mode,
                                 synchronised=self.strategy == "ddp")
         finally:
+            if fsdp.is_sharded(model):
+                # FSDP2 keeps no-sync gradients outside p.grad, where zero_grad cannot
+                # reach them, until the next synchronised backward: consume them here.
+                one_pass(True)
             with torch.no_grad():
                 for name, value in model.named_buffers():
                     value.copy_(buffers[name])
@@ -260,6 +265,9 @@ class Trainer:
         if self.lowcomm is not None and window.steps:
             extra["time/comm_exposed"] = window.comm_s / window.steps
             extra["comm/bytes_per_step"] = self.lowcomm.take_bytes() / window.steps
+        stats = parallel.comm_stats(self.model)
+        if stats is not None and stats.steps:  # what the DDP comm hook actually sent
+            extra["comm/bytes_per_step"] = stats.bytes_per_step()
         closed = self.monitor.close(self.state.step, window.busy, extra)
         window.clear()
         spike = 0

@@ -54,9 +54,12 @@ class Precision:
         """
         self.scaler.unscale_(optimizer)
         if max_norm > 0:
-            return torch.nn.utils.clip_grad_norm_(params, max_norm)
-        grads = [p.grad for p in params if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        else:
+            grads = [p.grad for p in params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads)
+        # FSDP2: the norm of sharded (DTensor) gradients is a replicated DTensor.
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Step the optimizer (skipped by the scaler if fp16 gradients overflowed)."""
