@@ -66,6 +66,7 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.last_saved = -1
         self.last_batch: Any = None
+        self.eval_s = 0.0  # evaluation time of this attempt
         self.faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
         self.preemption = PreemptionFlag()
         self.heartbeat = Heartbeat(runtime.store, runtime.rank, runtime.world_size,
@@ -292,6 +293,7 @@ class Trainer:
             self._fault("eval")
             elapsed = clock.elapsed()
             self.last_eval = self._evaluate()
+            self.eval_s += clock.elapsed() - elapsed
             if self.last_eval:
                 reporter.evaluation(state.step, self.last_eval)
             if self._check_target(self.last_eval, elapsed):
@@ -324,6 +326,7 @@ class Trainer:
             "micro_batch": self.micro,
             "accumulation": self.accum,
             "wall_time_s": state.elapsed_s,
+            "eval_time_s": self.eval_s,
             "samples_per_s": state.samples / state.train_s if state.train_s else 0.0,
             **self.last_eval,
         }
