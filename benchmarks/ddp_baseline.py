@@ -58,6 +58,7 @@ def main() -> None:
                 mean = window_loss.item() / world / args.log_every
                 print(json.dumps({"step": step, "loss": mean, "time": time.time()}), flush=True)
             window_loss.zero_()
+    del model, opt  # the DDP reducer holds the group: free it first
     dist.destroy_process_group()
 
 

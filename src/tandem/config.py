@@ -161,6 +161,13 @@ class MonitorConfig:
     progress: Literal["auto", "bar", "log", "off"] = _doc(
         "auto", "rank 0 progress: a live bar (terminals), log lines, or nothing"
     )
+    tensorboard: str = _doc(
+        "", "TensorBoard log directory, relative to the run directory ('' = off)"
+    )
+    prometheus_port: int = _doc(
+        -1, "serve live figures to Prometheus on this port (-1 = off, 0 = a free port)"
+    )
+    prometheus_host: str = _doc("127.0.0.1", "address the Prometheus endpoint binds")
 
 
 @dataclass(kw_only=True)
@@ -320,6 +327,12 @@ def validate(config: Config) -> Config:
         parse_target(config.train.target)
     if config.plan.strategy in ("localsgd", "diloco"):
         _check_low_communication(config)
+    if config.monitor.prometheus_port < -1 or config.monitor.prometheus_port > 65535:
+        raise ValueError(f"monitor.prometheus_port: {config.monitor.prometheus_port} must be "
+                         "-1 (off), 0 (a free port) or a port number")
+    from tandem.monitor.sinks import check_sink_packages  # no torch import: cheap
+
+    check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
     if config.run.name and ("/" in config.run.name or config.run.name in (".", "..")):
         raise ValueError(f"run.name: {config.run.name!r} must be a plain name without '/'")
     return config

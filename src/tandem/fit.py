@@ -19,6 +19,7 @@ from tandem import parallel
 from tandem.config import Config, load, parse_args, reference, validate
 from tandem.monitor.progress import Reporter
 from tandem.monitor.recorder import Recorder, new_run_id
+from tandem.monitor.sinks import Fanout, open_sinks
 from tandem.parallel import fsdp
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
@@ -111,11 +112,18 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
 def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> RunResult:
     run_dir = trainer.run_dir
     found = trainer.resume()
-    recorder = None
+    recorder: Recorder | Fanout | None = None
     if runtime.is_main:
         trainer.state.run_id = trainer.state.run_id or new_run_id(name)
+        # Sinks first: a busy port must not leave a run recorded as running.
+        sinks = open_sinks(tensorboard=config.monitor.tensorboard,
+                           prometheus_port=config.monitor.prometheus_port,
+                           prometheus_host=config.monitor.prometheus_host,
+                           run_id=trainer.state.run_id, run_dir=run_dir)
         recorder = Recorder(store_path(config), trainer.state.run_id, name, config.to_dict(),
                             trainer.plan(), str(runtime.device), runtime.world_size)
+        if sinks:
+            recorder = Fanout(recorder, *sinks)
     reporter = Reporter(recorder, config.train.steps, trainer.state.step,
                         config.monitor.progress, active=runtime.is_main)
     summary: dict[str, Any] | None = None
@@ -136,16 +144,30 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> Run
         if runtime.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = "completed"
-        model = trainer.model
-        if fsdp.is_sharded(model):
-            # FSDP2 parameters are shards tied to the process group, which ends with fit().
-            model = fsdp.gather(model, trainer.task.model().to(runtime.device))
-        return RunResult(model=parallel.unwrap(model), summary=summary, run_dir=run_dir)
+        return RunResult(model=detached_model(trainer, runtime), summary=summary,
+                         run_dir=run_dir)
     except Preempted:
         status = "preempted"
         raise
     finally:
         reporter.close(summary, status)
+
+
+def detached_model(trainer: Trainer, runtime: Runtime) -> nn.Module:
+    """The trained weights in a fresh module that owes nothing to the process group.
+
+    The process group ends with fit(). A DDP module's parameters carry the reducer's
+    autograd hooks (which hold the group) and FSDP2 parameters are shards of it: either,
+    outliving the group, can abort the process at exit. All ranks.
+    """
+    model = trainer.model
+    if not runtime.distributed:
+        return parallel.unwrap(model)
+    fresh = trainer.task.model().to(runtime.device)
+    if fsdp.is_sharded(model):
+        return fsdp.gather(model, fresh)
+    fresh.load_state_dict(parallel.unwrap(model).state_dict())
+    return fresh
 
 
 def check_same_config(config: Config, runtime: Runtime) -> None:

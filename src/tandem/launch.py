@@ -26,6 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="times the group is restarted after a worker fails")
     parser.add_argument("--monitor-interval", default=None,
                         help="seconds between the launcher's checks of its workers")
+    parser.add_argument("--observe", action="store_true",
+                        help="observe an unmodified script (no tandem import): step time, "
+                             "per-rank skew, memory and samples/s into runs/tandem.db")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER,
                         help="the script's own flags (--section.field VALUE ...)")
@@ -51,6 +54,8 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
             cmd.append(f"--node-rank={ns.node_rank}")
     if ns.monitor_interval is not None:
         cmd.append(f"--monitor-interval={ns.monitor_interval}")
+    if getattr(ns, "observe", False):
+        return [*cmd, "-m", "tandem.observe", ns.script, *ns.args]
     return [*cmd, ns.script, *ns.args]
 
 

@@ -115,3 +115,13 @@ def test_the_run_store_holds_the_windows_and_evaluations(tmp_path: Path) -> None
     assert [m["step"] for m in evals] == [10, 20]
     assert evals[-1]["value"] == pytest.approx(result.summary["eval_loss"])
     assert len(per_rank) == 4 and all(m["value"] > 0 for m in per_rank)
+
+
+def test_tensorboard_sink_receives_the_windows(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _fit(tmp_path, train={"steps": 10}, monitor={"log_every": 5, "tensorboard": "tb"})
+    events = EventAccumulator(str(tmp_path / "toy" / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [5, 10]

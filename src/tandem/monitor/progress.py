@@ -18,7 +18,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tandem.monitor.live import Window
-from tandem.monitor.recorder import Recorder
+from tandem.monitor.sinks import Sink
 
 log = logging.getLogger("tandem")
 
@@ -29,7 +29,7 @@ class Reporter:
     Other ranks get a Reporter with `active=False`, which does nothing.
     """
 
-    def __init__(self, recorder: Recorder | None, total_steps: int, start_step: int,
+    def __init__(self, recorder: Sink | None, total_steps: int, start_step: int,
                  mode: str, active: bool) -> None:
         self.active = active
         self.total = total_steps
