@@ -3,8 +3,10 @@
     python benchmarks/telemetry_overhead.py [--repeats 3] [--nproc 2]
 
 "off": no phase timing, no calibration, no liveness thread, one logging window for the
-whole run. "on": the defaults (phase timing, a cross-rank gather and detectors every
-10 steps, calibration at step 10, liveness records, the run store). Each run's
+whole run. "steady": the defaults without the one-time calibration (phase timing, a
+cross-rank gather and detectors every 10 steps, liveness records, the run store).
+"on": the defaults, with the calibration at step 10 (extra forward/backward passes, a
+FLOP count, a matmul peak and an all-reduce probe: a fixed cost, shown over a short run). Each run's
 throughput is its samples over the trainer's own wall clock from the first step to the
 last, less the final evaluation (checkpoints off), so every monitoring cost inside the
 loop counts.
@@ -27,9 +29,12 @@ EXAMPLES = {"mnist1d_cnn": 400, "char_lm": 60}  # steps per run
 OFF = ["--monitor.timing", "false", "--monitor.calibrate_at", "0", "--fault.heartbeat_s", "0"]
 
 
-def run(example: str, steps: int, nproc: int, out: Path, name: str, telemetry: bool) -> float:
+MODES = {"off": [*OFF], "steady": ["--monitor.calibrate_at", "0"], "on": []}
+
+
+def run(example: str, steps: int, nproc: int, out: Path, name: str, mode: str) -> float:
     """Samples/s of one run, from its summary (trainer wall clock)."""
-    flags = [] if telemetry else [*OFF, "--monitor.log_every", str(steps)]
+    flags = MODES[mode] + (["--monitor.log_every", str(steps)] if mode == "off" else [])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nproc}", str(ROOT / "examples" / f"{example}.py"),
            "--train.steps", str(steps), "--train.eval_every", "0", "--train.target", "",
@@ -53,17 +58,18 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         for example in args.examples:
-            rates: dict[bool, list[float]] = {False: [], True: []}
+            rates: dict[str, list[float]] = {mode: [] for mode in MODES}
             for i in range(args.repeats):
-                for telemetry in (False, True):
-                    name = f"{example}-{'on' if telemetry else 'off'}-{i}"
-                    rate = run(example, EXAMPLES[example], args.nproc, Path(tmp), name,
-                               telemetry)
-                    rates[telemetry].append(rate)
+                for mode in MODES:
+                    name = f"{example}-{mode}-{i}"
+                    rate = run(example, EXAMPLES[example], args.nproc, Path(tmp), name, mode)
+                    rates[mode].append(rate)
                     print(f"{name}: {rate:,.1f} samples/s", flush=True)
-            off, on = statistics.median(rates[False]), statistics.median(rates[True])
-            print(f"{example}: telemetry off {off:,.1f}, on {on:,.1f} samples/s -> overhead "
-                  f"{(off - on) / off:+.1%} (median of {args.repeats})\n", flush=True)
+            med = {mode: statistics.median(values) for mode, values in rates.items()}
+            print(f"{example} ({EXAMPLES[example]} steps, median of {args.repeats}): off "
+                  f"{med['off']:,.1f}, steady {med['steady']:,.1f}, on {med['on']:,.1f} "
+                  f"samples/s -> steady-state overhead {1 - med['steady'] / med['off']:+.1%}, "
+                  f"with calibration {1 - med['on'] / med['off']:+.1%}\n", flush=True)
 
 
 if __name__ == "__main__":

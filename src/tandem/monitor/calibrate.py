@@ -32,13 +32,12 @@ def _timed(run: Pass, sync: bool, device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def exposed_comm(run: Pass, device: torch.device, repeats: int = 5) -> dict[str, float]:
+def exposed_comm(run: Pass, device: torch.device, repeats: int = 3) -> dict[str, float]:
     """Median seconds of a synchronised and an unsynchronised pass, and their difference.
 
     Must be called on all ranks (the synchronised passes are collectives).
     """
-    run(True)  # warm both paths once, unmeasured
-    run(False)
+    run(True)  # warm the communication path once, unmeasured (the local one is warm)
     synced, local = [], []
     for _ in range(repeats):
         synced.append(_timed(run, True, device))
