@@ -8,7 +8,8 @@ a JSON file: a list of faults such as
      {"rank": "*", "step": 20, "phase": "checkpoint", "kind": "corrupt"}]
 
 kinds: kill (SIGKILL itself), sigterm, sigstop, raise (RuntimeError), nan (the step's
-loss becomes NaN), slow (sleep `seconds`), corrupt (flip one byte of the checkpoint just
+loss becomes NaN), spike (the step's loss is multiplied by `seconds`, default 1000),
+slow (sleep `seconds`), corrupt (flip one byte of the checkpoint just
 written). phases: step (start of a step, the default), data, compute, optim, checkpoint,
 eval. A fault fires in restart attempt `attempt` only (default 0), so a restarted group
 does not die again at the same step, and once per process (a rolled-back run that
@@ -30,7 +31,7 @@ from pathlib import Path
 
 log = logging.getLogger("tandem")
 
-KINDS = ("kill", "sigterm", "sigstop", "raise", "nan", "slow", "corrupt")
+KINDS = ("kill", "sigterm", "sigstop", "raise", "nan", "spike", "slow", "corrupt")
 PHASES = ("step", "data", "compute", "optim", "checkpoint", "eval")
 
 
@@ -43,7 +44,7 @@ class Fault:
     rank: int | None = None  # None: every rank
     phase: str = "step"
     attempt: int = 0
-    seconds: float = 1.0
+    seconds: float = 1.0  # slow: how long; spike: the loss factor
 
     @classmethod
     def parse(cls, item: dict) -> Fault:
@@ -56,7 +57,7 @@ class Fault:
         rank = item.get("rank", "*")
         return cls(step=int(item["step"]), kind=kind, rank=None if rank == "*" else int(rank),
                    phase=phase, attempt=int(item.get("attempt", 0)),
-                   seconds=float(item.get("seconds", 1.0)))
+                   seconds=float(item.get("seconds", 1000.0 if kind == "spike" else 1.0)))
 
 
 class FaultPlan:
@@ -82,9 +83,12 @@ class FaultPlan:
             raise ValueError(f"TANDEM_FAULTS is not valid JSON: {err}") from None
         return cls([Fault.parse(item) for item in items], rank, attempt)
 
-    def poisons(self, step: int) -> bool:
-        """True if this step's loss is to become NaN."""
-        return bool(self._due("nan", step, lambda f: f.kind == "nan"))
+    def loss_factor(self, step: int) -> float | None:
+        """What this step's loss is to be multiplied by (NaN or a spike), if anything."""
+        due = self._due("loss", step, lambda f: f.kind in ("nan", "spike"))
+        if not due:
+            return None
+        return float("nan") if due[0].kind == "nan" else due[0].seconds
 
     def _due(self, phase: str, step: int, pick: Callable[[Fault], bool]) -> list[Fault]:
         due = [f for f in self.faults if f.step == step and f not in self.fired and pick(f)]
@@ -93,7 +97,8 @@ class FaultPlan:
 
     def hit(self, phase: str, step: int, checkpoint: Path | None = None) -> None:
         """Act out the faults planned for (phase, step)."""
-        for fault in self._due(phase, step, lambda f: f.phase == phase and f.kind != "nan"):
+        on_loss = ("nan", "spike")
+        for fault in self._due(phase, step, lambda f: f.phase == phase and f.kind not in on_loss):
             log.warning("fault injection: %s at step %d (%s)", fault.kind, step, phase)
             _log(fault, self.rank)
             _act(fault, checkpoint)

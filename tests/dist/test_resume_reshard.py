@@ -1,4 +1,4 @@
-"""A run checkpointed at 4 processes resumes at 2, then at 1: same samples, same weights."""
+"""A run checkpointed at 4 processes resumes at 2, 1 and 4 again: same samples, same weights."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.dist import toy_task
 from tests.dist.procs import run_ranks
 
 GLOBAL = 40
-LEGS = [(4, 8), (2, 14), (1, 20)]  # (world size, train.steps at the end of the leg)
+LEGS = [(4, 8), (2, 14), (1, 17), (4, 20)]  # (world size, train.steps at the leg's end)
 
 
 def _leg(rank: int, world: int, out: str, steps: int, tag: str) -> None:
@@ -44,4 +44,4 @@ def test_resume_across_world_sizes_repeats_and_skips_nothing(tmp_path: Path) -> 
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
     summary = json.loads((tmp_path / "toy" / "summary.json").read_text())
-    assert summary["steps"] == LEGS[-1][1] and summary["world_size"] == 1
+    assert summary["steps"] == LEGS[-1][1] and summary["world_size"] == LEGS[-1][0]

@@ -99,3 +99,52 @@ def test_a_stopped_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
     assert "ranks last seen: rank" in report, report[-3000:]
     assert "rank 1: last seen" in report and "at step 8" in report
     assert waited < 60
+
+
+def _spiky(rank: int, world: int, out: str) -> None:
+    os.environ["TANDEM_FAULTS"] = json.dumps([{"rank": "*", "step": 47, "kind": "spike"}])
+    cfg = toy_task.config(out, 60, GLOBAL, checkpoint={"every": 5},
+                          fault={"spike": "rollback"}, monitor={"log_every": 5})
+    tandem.fit(toy_task.task(), config=cfg)
+
+
+@pytest.mark.timeout(120)
+def test_a_loss_spike_rolls_back_to_the_checkpoint_before_it(tmp_path: Path) -> None:
+    run_ranks(_spiky, 2, str(tmp_path), timeout=100)
+    events = _events(tmp_path)
+    spikes = [e for e in events if e["kind"] == "loss_spike"]
+    rollbacks = [e for e in events if e["kind"] == "rollback"]
+    assert spikes and spikes[0]["step"] == 47  # the bad step; later ones may follow it
+    assert len(rollbacks) == 1 and "to step_000000045" in rollbacks[0]["message"]
+    with RunStore(tmp_path / "tandem.db") as store:
+        assert store.runs()[-1]["status"] == "completed"
+
+
+class DyingLoaderData(toy_task.IndexedData):
+    """The DataLoader worker that fetches sample 0 in the second epoch dies."""
+
+    def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
+        marker = Path(os.environ["TANDEM_TEST_MARKER"])
+        if i == 0:
+            if marker.exists():
+                os.kill(os.getpid(), signal.SIGKILL)
+            marker.touch()
+        return super().__getitem__(i)
+
+
+@pytest.mark.timeout(120)
+def test_a_dead_loader_worker_stops_the_run_with_its_checkpoints_intact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tandem import checkpoint
+
+    monkeypatch.setenv("TANDEM_TEST_MARKER", str(tmp_path / "seen-sample-0"))
+    task = tandem.Task(model=toy_task.make_model, optimizer=toy_task.make_optimizer,
+                       train_data=DyingLoaderData, loss=toy_task.loss)
+    cfg = toy_task.config(str(tmp_path), 30, GLOBAL, checkpoint={"every": 2},
+                          data={"workers": 1})
+    # torch's SIGCHLD handler names the dead worker wherever the loop is; a death seen
+    # first as a broken pipe while fetching is named by tandem.
+    with pytest.raises(RuntimeError, match="DataLoader worker|loading the batch of step"):
+        tandem.fit(task, config=cfg)
+    good = checkpoint.latest(tmp_path / "toy" / "checkpoints")
+    assert good is not None and int(good.name.split("_")[1]) >= 2

@@ -148,7 +148,7 @@ class LiveMonitor:
     def _detect(self, step: int, losses: list[float], norms: list[float], rate: float,
                 data_fraction: float) -> list[Event]:
         events: list[Event] = []
-        first = step - len(losses) + 1
+        first = step - len(losses)  # events name the step by its 0-based index
         for i, (loss, norm) in enumerate(zip(losses, norms, strict=True)):
             events += self.detectors.step(first + i, loss, norm)
         events += self.detectors.window(step, rate, data_fraction)

@@ -106,12 +106,12 @@ class Trainer:
         skipped because the gradients were not finite).
         """
         task, model, precision, clock = self.task, self.model, self.precision, self.monitor.clock
-        poison = self.faults is not None and self.faults.poisons(self.state.step)
+        factor = self.faults.loss_factor(self.state.step) if self.faults is not None else None
         total = torch.zeros((), device=self.runtime.device)
         for k in range(self.accum):
             self._fault("data")
             clock.begin("data")
-            batch = next(batches)
+            batch = self._next_batch(batches)
             clock.end()
             self.last_batch = batch
             self._fault("compute")
@@ -120,8 +120,8 @@ class Trainer:
                 clock.begin("forward", on_device=True)
                 with precision.autocast():
                     loss = task.loss(task.run_forward(model, batch), batch)
-                if poison:
-                    loss = loss * float("nan")
+                if factor is not None:  # an injected NaN or loss spike
+                    loss = loss * factor
                 clock.end()
                 # Mean over the micro-batch / accum, then DDP's mean over ranks: the
                 # gradient of the mean loss over the whole global batch.
@@ -140,6 +140,15 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         clock.end()
         return total, norm, skip
+
+    def _next_batch(self, batches: Any) -> Any:
+        try:
+            return next(batches)
+        except (RuntimeError, OSError, EOFError) as err:
+            # A dead DataLoader worker surfaces as any of these, depending on timing.
+            raise RuntimeError(f"loading the batch of step {self.state.step} failed "
+                               f"({type(err).__name__}: {err}); the last committed "
+                               f"checkpoint is intact") from err
 
     def _calibrate(self, reporter: Reporter) -> None:
         """Measure exposed communication, FLOPs and peak on the last micro-batch. All ranks."""
