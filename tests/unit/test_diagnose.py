@@ -71,7 +71,7 @@ def test_communication_bound_quotes_its_numbers() -> None:
     found = _only(findings, "communication-bound")
     want = r"exposed communication is 4[01]% of step time \(0\.01\d* s of 0\.0[23]\d* s\) -> "
     assert re.search(want, found.message), found.message
-    assert "plan.compression" in found.message and "plan.bucket_mb" in found.message
+    assert "plan.comm_hook" in found.message and "plan.bucket_mb" in found.message
     assert any(s.startswith("plan.bucket_mb") for s in found.suggestions)
     assert "compute-bound" not in _kinds(findings)
 
@@ -110,7 +110,7 @@ def test_memory_bound_near_device_capacity() -> None:
                   "memory-bound")
     assert found.evidence["share"] > MEMORY_BOUND_SHARE
     assert "of 80.00 GiB" in found.message
-    assert any("plan.activation_checkpointing" in s for s in found.suggestions)
+    assert any("plan.strategy fsdp" in s for s in found.suggestions)
     roomy = diagnose(_metrics(cuda_total_bytes=80 * 2**30, cuda_peak_share=0.5))
     assert "memory-bound" not in _kinds(roomy)
 

@@ -168,11 +168,12 @@ def _communication_bound(groups: Mapping[str, Sequence[Metric]],
     return Finding(
         "communication-bound", _severity(comm.share, COMM_BOUND_SHARE), comm.evidence(),
         f"exposed communication is {comm.quote()} -> try gradient compression "
-        f"(plan.compression fp16/powersgd), larger buckets (plan.bucket_mb), or local SGD",
-        ["plan.compression fp16 or powersgd: fewer bytes per all-reduce",
+        f"(plan.comm_hook fp16/powersgd), larger buckets (plan.bucket_mb), or local SGD",
+        ["plan.comm_hook fp16 or powersgd: fewer bytes per all-reduce",
          f"plan.bucket_mb {bigger}: fewer, larger all-reduces that overlap better",
          "plan.static_graph true: lets DDP schedule buckets ahead when the graph is fixed",
-         "plan.local_sgd: average every H steps instead of every step (check convergence)"])
+         "plan.strategy localsgd or diloco: meet every plan.sync_every steps instead of "
+         "every step (check convergence)"])
 
 
 def _memory_bound(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
@@ -201,8 +202,7 @@ def _memory_bound(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
         f"{total / gib:.2f} GiB on rank {row['rank']} at step {row['step']}) -> one larger "
         f"batch or sequence will not fit: checkpoint activations, shard the model, or "
         f"use smaller micro-batches",
-        ["plan.activation_checkpointing true: recompute activations in backward",
-         "plan.strategy fsdp: shard parameters, gradients and optimizer state",
+        ["plan.strategy fsdp: shard parameters, gradients and optimizer state",
          "train.micro_batch smaller: accumulation keeps the global batch",
          "precision.mode bf16: halves activation memory"])
 
