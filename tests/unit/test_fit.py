@@ -115,6 +115,8 @@ def test_the_run_store_holds_the_windows_and_evaluations(tmp_path: Path) -> None
     assert [m["step"] for m in evals] == [10, 20]
     assert evals[-1]["value"] == pytest.approx(result.summary["eval_loss"])
     assert len(per_rank) == 4 and all(m["value"] > 0 for m in per_rank)
+    p50, p95 = result.summary["step_time_p50_s"], result.summary["step_time_p95_s"]
+    assert 0 < p50 <= p95
 
 
 def test_tensorboard_sink_receives_the_windows(tmp_path: Path) -> None:

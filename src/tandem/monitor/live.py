@@ -53,12 +53,30 @@ class LiveMonitor:
         self.static: dict[str, float] = {}  # calibration results, added to every window
         self._losses: list[torch.Tensor] = []
         self._norms: list[torch.Tensor] = []
+        self._times: list[float] = []
+        self.step_times: list[float] = []  # every step of this attempt, for percentiles
         self._process = psutil.Process()
 
-    def step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Keep one step's summed micro-batch losses and gradient norm (no sync)."""
+    def step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, seconds: float) -> None:
+        """Keep one step's summed micro-batch losses, gradient norm and host time (no sync).
+
+        On CUDA the host time of a step is its launch time until something synchronises;
+        the percentiles are exact on CPU and indicative on GPU.
+        """
         self._losses.append(loss_sum.detach().float())
         self._norms.append(grad_norm.detach().float())
+        self._times.append(seconds)
+
+    def percentiles(self) -> dict[str, float]:
+        """p50 and p95 of this rank's step times so far (host clock)."""
+        if not self.step_times:
+            return {}
+        ordered = sorted(self.step_times)
+
+        def at(q: float) -> float:
+            return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+        return {"step_time_p50_s": at(0.5), "step_time_p95_s": at(0.95)}
 
     def _pack(self, busy: float) -> torch.Tensor:
         """This rank's window as one vector of fixed size 2 x log_every + len(_FIXED)."""
@@ -87,9 +105,15 @@ class LiveMonitor:
             table = mine.unsqueeze(0).cpu()
         self._losses.clear()
         self._norms.clear()
+        times, self._times = self._times, []
+        self.step_times += times
         if self.rank != 0:
             return None
-        return self._derive(step, table, extra)
+        window = self._derive(step, table, extra)
+        ordered = sorted(times)
+        window.rows += [(step, -1, "time/step_p50", ordered[len(ordered) // 2]),
+                        (step, -1, "time/step_max", ordered[-1])]
+        return window
 
     def _derive(self, step: int, table: torch.Tensor, extra: dict[str, float]) -> Window:
         k = len(_FIXED)

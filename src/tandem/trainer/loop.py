@@ -247,14 +247,15 @@ class Trainer:
         self._fault("step")
         seed_step(cfg.run.seed, self.runtime.rank, state.step)
         window.lr = self.lr.apply(state.step)
+        started = time.perf_counter()
         loss, norm, skipped = self._train_step(batches)
-        self.monitor.step(loss, norm)
+        self.monitor.step(loss, norm, time.perf_counter() - started)
         window.steps += 1
         state.step += 1
         if self.lowcomm is not None:
-            started = time.perf_counter()
+            meeting = time.perf_counter()
             self.lowcomm.after_step(state.step, force=state.step == cfg.train.steps)
-            window.comm_s += time.perf_counter() - started
+            window.comm_s += time.perf_counter() - meeting
         state.cursor.take(cfg.train.global_batch, dataset_len)
         state.samples += cfg.train.global_batch
         if state.step == cfg.monitor.calibrate_at:
@@ -337,6 +338,7 @@ class Trainer:
             "wall_time_s": state.elapsed_s,
             "eval_time_s": self.eval_s,
             "samples_per_s": state.samples / state.train_s if state.train_s else 0.0,
+            **self.monitor.percentiles(),
             **self.last_eval,
         }
         if self.task.tokens_per_sample:
