@@ -44,11 +44,6 @@ class Runtime:
         """True on the rank that writes run records and prints."""
         return self.rank == 0
 
-    def barrier(self) -> None:
-        """Wait for every rank (a no-op for one process)."""
-        if dist.is_initialized():
-            dist.barrier()
-
 
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import psutil
 import torch
@@ -178,8 +176,3 @@ class LiveMonitor:
         events += self.detectors.window(step, rate, data_fraction)
         return events
 
-
-def emit(window: Window, sinks: list[Callable[[Window], Any]]) -> None:
-    """Hand a window to every sink (reporter, run store, ...)."""
-    for sink in sinks:
-        sink(window)

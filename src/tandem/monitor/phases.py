@@ -12,6 +12,9 @@ from collections import defaultdict
 
 import torch
 
+# h2d is the host-to-device copy on the critical path. tandem copies batches one step
+# ahead on a side CUDA stream (data/loader.py), so in its own loop this stays 0; the
+# phase exists for the report's breakdown and for paths that copy synchronously.
 PHASES = ("data", "h2d", "forward", "backward", "optim")
 
 

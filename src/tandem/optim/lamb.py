@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.optim import Optimizer
+
+from tandem.optim.layerwise import LayerwiseOptimizer, check_range
 
 
-class LAMB(Optimizer):
+class LAMB(LayerwiseOptimizer):
     """Layer-wise Adaptive Moments for Batch training, as in You et al. 2019.
 
     For each parameter w with gradient g, at step t (from 1):
@@ -28,34 +29,13 @@ class LAMB(Optimizer):
     def __init__(self, params: Iterable[Any], lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.0) -> None:
-        if lr < 0:
-            raise ValueError(f"lr: {lr!r} is out of range; expected a number >= 0")
+        check_range("lr", lr, 0.0)
         for i, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(
-                    f"betas[{i}]: {beta!r} is out of range; expected a number in [0, 1)"
-                )
-        if eps < 0:
-            raise ValueError(f"eps: {eps!r} is out of range; expected a number >= 0")
-        if weight_decay < 0:
-            raise ValueError(
-                f"weight_decay: {weight_decay!r} is out of range; expected a number >= 0"
-            )
+            check_range(f"betas[{i}]", beta, 0.0, 1.0)
+        check_range("eps", eps, 0.0)
+        check_range("weight_decay", weight_decay, 0.0)
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Update every parameter that has a gradient; returns the closure's loss if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    self._update(param, group)
-        return loss
 
     def _state(self, param: torch.Tensor) -> dict[str, Any]:
         state = self.state[param]

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.optim import Optimizer
+
+from tandem.optim.layerwise import LayerwiseOptimizer, check_range
 
 
-def _check(name: str, value: float, low: float, high: float | None = None) -> None:
-    if value < low or (high is not None and value >= high):
-        allowed = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"{name}: {value!r} is out of range; expected a number {allowed}")
-
-
-class LARS(Optimizer):
+class LARS(LayerwiseOptimizer):
     """Layer-wise Adaptive Rate Scaling, as in Algorithm 1 of You et al. 2017.
 
     For each adapted parameter w with gradient g:
@@ -37,31 +32,18 @@ class LARS(Optimizer):
     def __init__(self, params: Iterable[Any], lr: float, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 0.001,
                  eps: float = 1e-8, exclude_bias_and_norm: bool = True) -> None:
-        _check("lr", lr, 0.0)
-        _check("momentum", momentum, 0.0, 1.0)
-        _check("weight_decay", weight_decay, 0.0)
+        check_range("lr", lr, 0.0)
+        check_range("momentum", momentum, 0.0, 1.0)
+        check_range("weight_decay", weight_decay, 0.0)
         if trust_coefficient <= 0:
             raise ValueError(
                 f"trust_coefficient: {trust_coefficient!r} is out of range; expected a number > 0"
             )
-        _check("eps", eps, 0.0)
+        check_range("eps", eps, 0.0)
         defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                     "trust_coefficient": trust_coefficient, "eps": eps,
                     "exclude_bias_and_norm": exclude_bias_and_norm}
         super().__init__(params, defaults)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """Update every parameter that has a gradient; returns the closure's loss if given."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is not None:
-                    self._update(param, group)
-        return loss
 
     def _update(self, param: torch.Tensor, group: dict[str, Any]) -> None:
         grad = param.grad
