@@ -372,45 +372,62 @@ def parse_target(text: str) -> tuple[str, str, float]:
     )
 
 
+def _apply_toml(config: Config, path: str | Path, what: str) -> None:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{what} {str(path)!r} does not exist")
+    with path.open("rb") as handle:
+        try:
+            document = tomllib.load(handle)
+        except tomllib.TOMLDecodeError as err:
+            raise ValueError(f"{what} {str(path)!r} is not valid TOML: {err}") from None
+    for section, values in document.items():
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: top-level key {section!r} must be a [section] table")
+        for name, value in values.items():
+            _set(config, f"{section}.{name}", value)
+
+
 def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
-         defaults: dict[str, Any] | None = None) -> Config:
-    """Build a validated Config: `defaults` (the script's), then a TOML file, then overrides."""
+         defaults: dict[str, Any] | None = None, plan: str | Path | None = None) -> Config:
+    """Build a validated Config. Layers, later ones winning: `defaults` (the script's), the
+    TOML config file, the plan file (TOML, e.g. written by `tandem tune`), the overrides."""
     config = Config()
     for key, value in (defaults or {}).items():
         _set(config, key, value)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
-        with path.open("rb") as handle:
-            try:
-                document = tomllib.load(handle)
-            except tomllib.TOMLDecodeError as err:
-                raise ValueError(f"config file {str(path)!r} is not valid TOML: {err}") from None
-        for section, values in document.items():
-            if not isinstance(values, dict):
-                raise ValueError(f"{path}: top-level key {section!r} must be a [section] table")
-            for name, value in values.items():
-                _set(config, f"{section}.{name}", value)
+        _apply_toml(config, path, "config file")
+    if plan is not None:
+        _apply_toml(config, plan, "plan file")
     for key, value in (overrides or {}).items():
         _set(config, key, value)
     return validate(config)
 
 
-def parse_args(argv: list[str]) -> tuple[str | None, dict[str, str], bool]:
-    """Split `--config FILE`, `--section.field VALUE` (or `=VALUE`) and `--help` out of argv."""
-    config_path: str | None = None
-    overrides: dict[str, str] = {}
-    want_help = False
+@dataclass
+class Args:
+    """A script's command line, split: `--config FILE`, `--plan FILE`, overrides, `--help`."""
+
+    config: str | None = None
+    plan: str | None = None
+    overrides: dict[str, str] = field(default_factory=dict)
+    help: bool = False
+
+
+def parse_args(argv: list[str]) -> Args:
+    """Split `--config FILE`, `--plan FILE`, `--section.field VALUE` (or `=VALUE`) and `--help`
+    out of argv."""
+    args = Args()
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg in ("-h", "--help"):
-            want_help = True
+            args.help = True
             i += 1
             continue
         if not arg.startswith("--"):
-            raise ValueError(f"unexpected argument {arg!r}; use --config FILE or --section.field V")
+            raise ValueError(f"unexpected argument {arg!r}; use --config FILE, --plan FILE or "
+                             "--section.field VALUE")
         key, eq, value = arg[2:].partition("=")
         if not eq:
             if i + 1 >= len(argv):
@@ -418,11 +435,13 @@ def parse_args(argv: list[str]) -> tuple[str | None, dict[str, str], bool]:
             value = argv[i + 1]
             i += 1
         if key == "config":
-            config_path = value
+            args.config = value
+        elif key == "plan":
+            args.plan = value
         else:
-            overrides[key] = value
+            args.overrides[key] = value
         i += 1
-    return config_path, overrides, want_help
+    return args
 
 
 def reference() -> str:

@@ -51,13 +51,16 @@ def _setup_logging(runtime: Runtime) -> None:
 
 
 def config_from_argv(argv: list[str], defaults: dict[str, Any] | None = None) -> Config:
-    """Parse `--config FILE` and `--section.field VALUE` flags; `--help` prints the options."""
-    path, overrides, want_help = parse_args(argv)
-    if want_help:
+    """Parse `--config FILE`, `--plan FILE` and `--section.field VALUE` flags; `--help` prints
+    the options. A plan file may also come from the environment (TANDEM_PLAN, set by
+    `tandem run --plan FILE`)."""
+    args = parse_args(argv)
+    if args.help:
         if os.environ.get("RANK", "0") == "0":  # once per job, not once per process
             sys.stdout.write(reference() + "\n")
         raise SystemExit(0)
-    return load(path, overrides, defaults)
+    plan = args.plan or os.environ.get("TANDEM_PLAN") or None
+    return load(args.config, args.overrides, defaults, plan)
 
 
 def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,

@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--observe", action="store_true",
                         help="observe an unmodified script (no tandem import): step time, "
                              "per-rank skew, memory and samples/s into runs/tandem.db")
+    parser.add_argument("--plan", default=None,
+                        help="a plan file (TOML, e.g. from `tandem tune`) applied over the "
+                             "script's defaults and --config; the script's own flags still win")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER,
                         help="the script's own flags (--section.field VALUE ...)")
@@ -40,6 +43,8 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
         raise ValueError(f"--max-restarts: {ns.max_restarts} must be >= 0")
     if not os.path.isfile(ns.script):
         raise ValueError(f"script {ns.script!r} does not exist")
+    if getattr(ns, "plan", None) and not os.path.isfile(ns.plan):
+        raise ValueError(f"--plan {ns.plan!r} does not exist")
     cmd = [sys.executable, "-m", "torch.distributed.run",
            f"--nproc-per-node={ns.nproc_per_node}", f"--max-restarts={ns.max_restarts}"]
     single_node = str(ns.nnodes) == "1"
@@ -70,6 +75,8 @@ def launch(ns: argparse.Namespace) -> int:
         status_file = Path(tmp) / "status"
         env = dict(os.environ, TANDEM_STATUS_FILE=str(status_file))
         env.setdefault("OMP_NUM_THREADS", "1")
+        if getattr(ns, "plan", None):
+            env["TANDEM_PLAN"] = str(Path(ns.plan).resolve())
         child = subprocess.Popen(cmd, env=env)
 
         def forward(signum: int, frame: object) -> None:

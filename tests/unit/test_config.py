@@ -43,11 +43,12 @@ def test_toml_file_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_argv_parsing() -> None:
-    path, overrides, want_help = config.parse_args(
-        ["--config", "a.toml", "--train.steps", "5", "--plan.strategy=ddp"])
-    assert path == "a.toml" and overrides == {"train.steps": "5", "plan.strategy": "ddp"}
-    assert not want_help
-    assert config.parse_args(["--help"])[2]
+    args = config.parse_args(["--config", "a.toml", "--train.steps", "5", "--plan.strategy=ddp",
+                              "--plan", "p.toml"])
+    assert args.config == "a.toml" and args.plan == "p.toml"
+    assert args.overrides == {"train.steps": "5", "plan.strategy": "ddp"}
+    assert not args.help
+    assert config.parse_args(["--help"]).help
     with pytest.raises(ValueError, match="needs a value"):
         config.parse_args(["--train.steps"])
     with pytest.raises(ValueError, match="unexpected argument"):
@@ -59,3 +60,15 @@ def test_reference_lists_every_field() -> None:
     for section, kind in config.sections().items():
         for name in kind.__dataclass_fields__:
             assert f"--{section}.{name} " in text
+
+
+def test_plan_file_layers_between_config_file_and_overrides(tmp_path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[train]\nsteps = 7\nglobal_batch = 64\n[plan]\nbucket_mb = 1.0\n")
+    plan = tmp_path / "plan.toml"
+    plan.write_text("[plan]\nbucket_mb = 50.0\ncomm_hook = \"fp16\"\n")
+    c = config.load(cfg, {"plan.comm_hook": "none"}, {"train.steps": 3}, plan)
+    assert (c.train.steps, c.train.global_batch) == (7, 64)
+    assert c.plan.bucket_mb == 50.0 and c.plan.comm_hook == "none"
+    with pytest.raises(ValueError, match="plan file .* does not exist"):
+        config.load(plan=tmp_path / "missing.toml")
