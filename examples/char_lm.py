@@ -7,6 +7,7 @@ the running interpreter's standard library, read in sorted order and cut at
     python examples/char_lm.py                                  # one process
     tandem run --nproc-per-node 2 examples/char_lm.py           # two processes
     tandem run --nproc-per-node 2 examples/char_lm.py --train.steps 50
+    tandem run --nproc-per-node 4 examples/char_lm.py --plan.tp 2   # 2 data x 2 tensor
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class Attention(nn.Module):
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
-        self.heads = heads
+        self.head_dim = dim // heads
         self.q = nn.Linear(dim, dim, bias=False)
         self.k = nn.Linear(dim, dim, bias=False)
         self.v = nn.Linear(dim, dim, bias=False)
@@ -80,7 +81,9 @@ class Attention(nn.Module):
         b, t, _ = x.shape
 
         def split(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, self.heads, -1).transpose(1, 2)
+            # Heads counted from the width at hand: under tensor parallelism (plan.tp)
+            # this rank holds heads / tp of them.
+            return y.view(b, t, -1, self.head_dim).transpose(1, 2)
 
         out = F.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)),
                                              split(self.v(x)), is_causal=True)
@@ -162,6 +165,13 @@ task = tandem.Task(
     loss=loss,
     metrics={"bits_per_byte": bits_per_byte},
     tokens_per_sample=SEQ_LEN,
+    # plan.tp > 1 splits each block Megatron-style: q/k/v and fc by output columns (heads
+    # and hidden units), the projections after them by input rows.
+    tensor_parallel={
+        "blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise",
+        "blocks.*.attn.v": "colwise", "blocks.*.attn.proj": "rowwise",
+        "blocks.*.mlp.fc": "colwise", "blocks.*.mlp.proj": "rowwise",
+    },
 )
 
 RECIPE = {

@@ -39,6 +39,12 @@ class TrainConfig:
     grad_clip: float = _doc(0.0, "clip the global gradient norm to this value (0: off)")
     eval_every: int = _doc(0, "evaluate every N steps (0: only at the end)")
     eval_batch: int = _doc(256, "samples per evaluation batch on one process")
+    batch_ramp: str = _doc(
+        "", "grow the global batch on a schedule by raising accumulation: 'STEP:BATCH,...', "
+        "the first at step 0 and the last BATCH equal to global_batch, e.g. "
+        "'0:32,100:64,200:128'; each BATCH is a multiple of micro_batch x processes; the lr "
+        "follows optim.lr_scaling for each step's batch (empty: off)"
+    )
     target: str = _doc(
         "", "time-to-target goal, 'metric>=value' or 'metric<=value', e.g. 'accuracy>=0.97'"
     )
@@ -94,6 +100,17 @@ class PlanConfig:
     fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] = _doc(
         "fp32", "fsdp: dtype of the gradient reduce-scatter"
     )
+    tp: int = _doc(
+        1, "tensor-parallel degree: each data-parallel replica is split over this many "
+        "processes along the layers the task's tensor_parallel plan names (1: off)"
+    )
+    activation_checkpointing: bool = _doc(
+        False, "recompute each block's activations in backward instead of keeping them "
+        "(less memory, about one more forward of compute)"
+    )
+    compile: bool = _doc(
+        False, "torch.compile the model (skipped with a warning where it cannot work)"
+    )
 
 
 @dataclass(kw_only=True)
@@ -121,6 +138,13 @@ class OptimConfig:
         "none", "scale the lr with global_batch / reference_batch"
     )
     reference_batch: int = _doc(0, "batch size the optimizer's lr was tuned for (lr_scaling)")
+    momentum_schedule: Literal["constant", "onecycle"] = _doc(
+        "constant", "momentum (SGD momentum or Adam's beta1) over the steps: constant keeps "
+        "the optimizer's; onecycle falls from momentum_max to momentum_min while the lr "
+        "rises and climbs back while it falls (torch OneCycleLR's cycle_momentum)"
+    )
+    momentum_min: float = _doc(0.85, "momentum_schedule onecycle: the lowest momentum")
+    momentum_max: float = _doc(0.95, "momentum_schedule onecycle: the highest momentum")
 
 
 @dataclass(kw_only=True)
@@ -221,6 +245,9 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "optim.min_lr_ratio": (0, "a number in [0, 1]"),
     "optim.pct_start": (0, "a number in (0, 1)"),
     "optim.reference_batch": (0, "an integer >= 0"),
+    "optim.momentum_min": (0, "a number in [0, 1)"),
+    "optim.momentum_max": (0, "a number in [0, 1)"),
+    "plan.tp": (1, "an integer >= 1"),
     "checkpoint.every": (0, "an integer >= 0"),
     "checkpoint.keep": (0, "an integer >= 0"),
     "monitor.log_every": (1, "an integer >= 1"),
@@ -325,6 +352,23 @@ def validate(config: Config) -> Config:
         )
     if config.train.target:
         parse_target(config.train.target)
+    if config.train.batch_ramp:
+        parse_ramp(config.train.batch_ramp, config.train.global_batch)
+        if "rollback" in (config.fault.nonfinite, config.fault.spike):
+            raise ValueError("train.batch_ramp does not combine with rollbacks "
+                             "(fault.nonfinite / fault.spike = 'rollback'): a rollback "
+                             "re-runs steps whose batch size the ramp fixed; use 'skip'/'warn'")
+    if config.optim.momentum_min > config.optim.momentum_max or config.optim.momentum_max >= 1:
+        raise ValueError(f"optim.momentum_min {config.optim.momentum_min} / momentum_max "
+                         f"{config.optim.momentum_max}: need 0 <= min <= max < 1")
+    if config.plan.tp > 1 and config.plan.strategy not in ("auto", "ddp"):
+        raise ValueError(f"plan.tp: {config.plan.tp} combines tensor parallelism with plain "
+                         f"data parallelism; plan.strategy {config.plan.strategy!r} does not "
+                         "compose with it here: use 'auto' or 'ddp'")
+    if config.plan.tp > 1 and config.plan.comm_hook != "none":
+        raise ValueError(f"plan.comm_hook: {config.plan.comm_hook!r} is a DDP hook; with "
+                         f"plan.tp {config.plan.tp} the gradients are averaged by tandem's own "
+                         "all-reduce: leave it 'none'")
     if config.plan.strategy in ("localsgd", "diloco"):
         _check_low_communication(config)
     if config.monitor.prometheus_port < -1 or config.monitor.prometheus_port > 65535:
@@ -355,6 +399,32 @@ def _check_low_communication(config: Config) -> None:
             f"plan.strategy {plan.strategy!r} avoids; use 'skip' (each replica skips its own "
             "bad update) or 'raise'"
         )
+
+
+def parse_ramp(text: str, global_batch: int) -> list[tuple[int, int]]:
+    """Parse train.batch_ramp 'STEP:BATCH,...' into [(step, batch), ...], checked."""
+    pairs: list[tuple[int, int]] = []
+    for part in text.split(","):
+        step, colon, batch = part.strip().partition(":")
+        try:
+            pairs.append((int(step), int(batch)))
+        except ValueError:
+            raise ValueError(f"train.batch_ramp: {part.strip()!r} is not STEP:BATCH "
+                             "(e.g. '0:32,100:64,200:128')") from None
+        if not colon:
+            raise ValueError(f"train.batch_ramp: {part.strip()!r} is not STEP:BATCH")
+    if pairs[0][0] != 0:
+        raise ValueError(f"train.batch_ramp: the first entry must be at step 0, not {pairs[0][0]}")
+    for (s0, b0), (s1, b1) in zip(pairs, pairs[1:], strict=False):
+        if s1 <= s0 or b1 < b0:
+            raise ValueError(f"train.batch_ramp: {s0}:{b0} then {s1}:{b1}; steps must rise and "
+                             "batches must not shrink")
+    if any(b < 1 for _, b in pairs):
+        raise ValueError("train.batch_ramp: every batch must be >= 1")
+    if pairs[-1][1] != global_batch:
+        raise ValueError(f"train.batch_ramp: the last batch ({pairs[-1][1]}) must equal "
+                         f"train.global_batch ({global_batch})")
+    return pairs
 
 
 def parse_target(text: str) -> tuple[str, str, float]:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tandem import parallel
+from tandem.analyze.scaling import scaling_figures
 from tandem.config import Config, load, parse_args, reference, validate
 from tandem.monitor.progress import Reporter
 from tandem.monitor.recorder import Recorder, new_run_id
@@ -145,6 +146,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> Run
                            "raise train.steps to continue or pick another run.name")
         summary = trainer.run(reporter)
         if runtime.is_main:
+            summary.update(_scaling(config, trainer.state.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = "completed"
         return RunResult(model=detached_model(trainer, runtime), summary=summary,
@@ -154,6 +156,17 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> Run
         raise
     finally:
         reporter.close(summary, status)
+
+
+def _scaling(config: Config, run_id: str, summary: dict[str, Any],
+             world_size: int) -> dict[str, Any]:
+    """Scaling efficiency against a one-process run of the same work, when the store has one."""
+    try:
+        return scaling_figures(store_path(config), run_id, summary.get("samples_per_s", 0.0),
+                               world_size)
+    except Exception as err:  # an analysis must never fail the run it describes
+        log.warning("scaling efficiency: %s", err)
+        return {}
 
 
 def detached_model(trainer: Trainer, runtime: Runtime) -> nn.Module:
@@ -167,7 +180,7 @@ def detached_model(trainer: Trainer, runtime: Runtime) -> nn.Module:
     if not runtime.distributed:
         return parallel.unwrap(model)
     fresh = trainer.task.model().to(runtime.device)
-    if fsdp.is_sharded(model):
+    if fsdp.is_sharded(model) or trainer.strategy == "tp":  # DTensor parameters
         return fsdp.gather(model, fresh)
     fresh.load_state_dict(parallel.unwrap(model).state_dict())
     return fresh

@@ -34,6 +34,13 @@ class Task:
     ``forward(model, batch)`` maps a batch to the model's outputs; the default calls
     ``model(batch[0])`` for a tuple/list batch, ``model(batch["input"])`` for a dict,
     and ``model(batch)`` otherwise.
+
+    ``tensor_parallel`` names the layers to split when ``plan.tp`` > 1: module path
+    patterns (fnmatch, e.g. ``"blocks.*.attn.q"``) mapped to ``"colwise"`` or
+    ``"rowwise"``. A column-wise layer keeps its output sharded over the tensor-parallel
+    group; the row-wise layer that follows takes that shard and sums the partial outputs.
+    The model's forward must work on the local shard (e.g. count heads from the local
+    width: ``view(b, t, -1, head_dim)``, not ``view(b, t, heads, -1)``).
     """
 
     model: Callable[[], nn.Module]
@@ -44,6 +51,7 @@ class Task:
     metrics: Mapping[str, MetricFn] = field(default_factory=dict)
     forward: Callable[[nn.Module, Batch], Any] | None = None
     tokens_per_sample: int | None = None
+    tensor_parallel: Mapping[str, str] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "optimizer", "train_data", "loss"):
@@ -54,6 +62,10 @@ class Task:
         for key, fn in self.metrics.items():
             if not callable(fn):
                 raise ValueError(f"Task.metrics[{key!r}] must be callable, got {fn!r}")
+        for pattern, style in (self.tensor_parallel or {}).items():
+            if style not in ("colwise", "rowwise"):
+                raise ValueError(f"Task.tensor_parallel[{pattern!r}]: {style!r} is not a "
+                                 "style; use 'colwise' or 'rowwise'")
         if self.tokens_per_sample is not None and self.tokens_per_sample <= 0:
             raise ValueError(
                 "Task.tokens_per_sample must be a positive int or None, "

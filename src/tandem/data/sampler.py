@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +62,9 @@ class GlobalBatchSampler:
 
     Global batch t of the run is the same list of samples at every world size; rank r
     takes the r-th equal slice of it and splits that into `accum` micro-batches.
+    With `batch_at` (a batch-size ramp), step s's global batch is `batch_at(s)`, split
+    into micro-batches of the same size as the full batch's, so a smaller batch has
+    fewer of them; `step` is the step the iteration starts at.
     """
 
     def __init__(
@@ -74,8 +77,12 @@ class GlobalBatchSampler:
         world_size: int,
         seed: int,
         cursor: Cursor,
+        batch_at: Callable[[int], int] | None = None,
+        step: int = 0,
     ) -> None:
         check_sizes(dataset_len, global_batch, world_size * accum)
+        self.batch_at = batch_at
+        self.step = step
         self.dataset_len = dataset_len
         self.global_batch = global_batch
         self.accum = accum
@@ -93,10 +100,12 @@ class GlobalBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         micro = self.global_batch // (self.world_size * self.accum)
         while True:
-            epoch, start = self.cursor.take(self.global_batch, self.dataset_len)
-            batch = self._epoch_order(epoch)[start : start + self.global_batch]
-            mine = batch[rank_slice(self.global_batch, self.rank, self.world_size)].tolist()
-            for k in range(self.accum):
+            size = self.global_batch if self.batch_at is None else self.batch_at(self.step)
+            self.step += 1
+            epoch, start = self.cursor.take(size, self.dataset_len)
+            batch = self._epoch_order(epoch)[start : start + size]
+            mine = batch[rank_slice(size, self.rank, self.world_size)].tolist()
+            for k in range(size // (self.world_size * micro)):
                 yield mine[k * micro : (k + 1) * micro]
 
 

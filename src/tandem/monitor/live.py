@@ -22,7 +22,7 @@ from tandem.monitor.phases import PHASES, PhaseClock
 from tandem.monitor.system import SystemSampler
 
 Row = tuple[int, int, str, float]  # step, rank (-1 = whole job), name, value
-_FIXED = ("loss_sum", "steps", "busy", *PHASES, "rss")
+_FIXED = ("loss_sum", "steps", "busy", "samples", "update_sq", "weight_sq", *PHASES, "rss")
 
 
 @dataclass
@@ -36,18 +36,25 @@ class Window:
     events: list[Event] = field(default_factory=list)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
+
+
 class LiveMonitor:
     """Collects step figures on every rank and turns them into windows on rank 0."""
 
     def __init__(self, *, device: torch.device, rank: int, world_size: int, log_every: int,
-                 global_batch: int, accum: int, tokens_per_sample: int | None,
-                 timing: bool = True) -> None:
+                 tokens_per_sample: int | None, timing: bool = True,
+                 sharded: bool = False) -> None:
         self.device, self.rank, self.world = device, rank, world_size
-        self.log_every, self.global_batch, self.accum = log_every, global_batch, accum
+        self.log_every = log_every
+        self.sharded = sharded  # each rank holds a part of the weights (FSDP)
+        self._samples = 0  # global samples of the open window (the same on every rank)
+        self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (|dw|^2, |w|^2)
         self.tokens_per_sample = tokens_per_sample
         self.clock = PhaseClock(device, enabled=timing)
         self.detectors = HealthDetectors()
-        self.system = SystemSampler() if rank == 0 else None
+        self.system = SystemSampler(device) if rank == 0 else None
         self.static: dict[str, float] = {}  # calibration results, added to every window
         self._losses: list[torch.Tensor] = []
         self._norms: list[torch.Tensor] = []
@@ -55,15 +62,37 @@ class LiveMonitor:
         self.step_times: list[float] = []  # every step of this attempt, for percentiles
         self._process = psutil.Process()
 
-    def step(self, loss_sum: torch.Tensor, grad_norm: torch.Tensor, seconds: float) -> None:
-        """Keep one step's summed micro-batch losses, gradient norm and host time (no sync).
+    def step(self, loss: torch.Tensor, grad_norm: torch.Tensor, seconds: float,
+             samples: int) -> None:
+        """Keep one step's mean loss over this rank's micro-batches, the gradient norm, the
+        host time and the step's global batch (no sync).
 
         On CUDA the host time of a step is its launch time until something synchronises;
         the percentiles are exact on CPU and indicative on GPU.
         """
-        self._losses.append(loss_sum.detach().float())
+        self._losses.append(loss.detach().float())
         self._norms.append(grad_norm.detach().float())
         self._times.append(seconds)
+        self._samples += samples
+
+    def wants_update_ratio(self, step: int) -> bool:
+        """Whether optimizer step `step` (0-based) closes a window: its update is measured."""
+        return (step + 1) % self.log_every == 0
+
+    @staticmethod
+    def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This rank's part of the weights before an update (one copy, once per window)."""
+        return [_local(p).detach().clone() for p in params]
+
+    def update_sizes(self, before: list[torch.Tensor], params: list[torch.Tensor]) -> None:
+        """Keep |w_after - w_before|^2 and |w_before|^2 over this rank's part (no sync)."""
+        after = [_local(p).detach() for p in params]
+        if not after:
+            return
+        diffs = torch._foreach_sub(after, before)
+        upd = torch.stack(torch._foreach_norm(diffs)).double().square().sum()
+        weight = torch.stack(torch._foreach_norm(before)).double().square().sum()
+        self._update = (upd, weight)
 
     def percentiles(self) -> dict[str, float]:
         """p50 and p95 of this rank's step times so far (host clock)."""
@@ -84,10 +113,13 @@ class LiveMonitor:
         losses = torch.cat([torch.stack(self._losses), nan])
         norms = torch.cat([torch.stack(self._norms), nan])
         phases = self.clock.collect()
-        fixed = [0.0, float(n), busy, *(phases[p] for p in PHASES),
-                 float(self._process.memory_info().rss)]
+        fixed = [0.0, float(n), busy, float(self._samples), math.nan, math.nan,
+                 *(phases[p] for p in PHASES), float(self._process.memory_info().rss)]
         head = torch.tensor(fixed, dtype=torch.float64, device=self.device)
         head[0] = losses[:n].sum()
+        if self._update is not None:
+            head[4], head[5] = self._update
+            self._update = None
         return torch.cat([head, losses.double(), norms.double()])
 
     def close(self, step: int, busy: float, extra: dict[str, float]) -> Window | None:
@@ -103,6 +135,7 @@ class LiveMonitor:
             table = mine.unsqueeze(0).cpu()
         self._losses.clear()
         self._norms.clear()
+        self._samples = 0
         times, self._times = self._times, []
         self.step_times += times
         if self.rank != 0:
@@ -117,11 +150,11 @@ class LiveMonitor:
         k = len(_FIXED)
         fixed = {name: table[:, i].tolist() for i, name in enumerate(_FIXED)}
         steps = int(fixed["steps"][0])
-        per_step_loss = (table[:, k:k + steps].sum(0) / (self.world * self.accum)).tolist()
+        per_step_loss = (table[:, k:k + steps].sum(0) / self.world).tolist()
         grad_norms = table[0, k + self.log_every:k + self.log_every + steps].tolist()
-        loss = sum(fixed["loss_sum"]) / (self.world * steps * self.accum)
+        loss = sum(fixed["loss_sum"]) / (self.world * steps)
         busy = max(fixed["busy"])
-        rate = steps * self.global_batch / busy if busy > 0 else 0.0
+        rate = fixed["samples"][0] / busy if busy > 0 else 0.0
         rows: list[Row] = [(step, -1, "loss", loss), (step, -1, "samples_per_s", rate),
                            (step, -1, "time/step", busy / steps)]
         if self.tokens_per_sample:
@@ -130,6 +163,13 @@ class LiveMonitor:
         if finite:
             rows.append((step, -1, "grad_norm", statistics.fmean(finite)))
         rows += self._per_rank(step, fixed, steps)
+        update, weight = fixed["update_sq"], fixed["weight_sq"]
+        if math.isfinite(update[0]) and math.isfinite(weight[0]):
+            # Sharded weights: each rank holds a part, so the parts add up; replicas hold
+            # the same weights, so rank 0's figure is everyone's.
+            u, w = (sum(update), sum(weight)) if self.sharded else (update[0], weight[0])
+            if w > 0:
+                rows.append((step, -1, "update_ratio", math.sqrt(u / w)))
         phases = {p: statistics.fmean(fixed[p]) / steps for p in PHASES}
         phases["compute"] = phases["forward"] + phases["backward"]
         exposed = self.static.get("time/comm_exposed")

@@ -16,6 +16,7 @@ import platform
 import socket
 import sqlite3
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -379,5 +380,6 @@ def environment(device: str | None = None, world_size: int | None = None) -> dic
     except OSError:
         env["host"] = None
     env["cpu_count"] = os.cpu_count()
+    env["script"] = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
     env["git_commit"] = _git_commit()
     return env

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -12,8 +13,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.config import PlanConfig
-from tandem.parallel import fsdp, hooks
+from tandem.parallel import fsdp, hooks, tensor
+from tandem.parallel.compiled import maybe_compile
 from tandem.parallel.hierarchical import register_hierarchical
+from tandem.parallel.recompute import checkpoint_blocks
 from tandem.runtime import Runtime
 
 log = logging.getLogger("tandem")
@@ -26,7 +29,9 @@ _COMM_STATS: weakref.WeakKeyDictionary[nn.Module, hooks.CommStats] = (
 
 
 def resolve_strategy(plan: PlanConfig, runtime: Runtime) -> str:
-    """The concrete strategy for this world size."""
+    """The concrete strategy for this world size ("tp": data x tensor parallel)."""
+    if plan.tp > 1:
+        return "tp"
     if plan.strategy == "auto":
         return "ddp" if runtime.distributed else "single"
     if plan.strategy in ("ddp", "fsdp", "localsgd", "diloco") and not runtime.distributed:
@@ -39,14 +44,28 @@ def resolve_strategy(plan: PlanConfig, runtime: Runtime) -> str:
     return plan.strategy
 
 
-def wrap(model: nn.Module, plan: PlanConfig, runtime: Runtime) -> nn.Module:
-    """Place `model` on the device and wrap it for the plan's strategy.
+def wrap(model: nn.Module, plan: PlanConfig, runtime: Runtime,
+         layout: tensor.Layout | None = None,
+         tensor_plan: Mapping[str, str] | None = None) -> nn.Module:
+    """Place `model` on the device, apply the plan's activation checkpointing, tensor
+    parallelism (`layout`, `tensor_plan`) and compilation, and wrap it for the strategy.
 
     Must be called on all processes, after the process group exists.
     """
     model = model.to(runtime.device)
+    if plan.activation_checkpointing:
+        checkpoint_blocks(model)
     strategy = resolve_strategy(plan, runtime)
-    if strategy in ("single", "localsgd", "diloco"):
+    if strategy == "tp":
+        if layout is None or layout.tp_mesh is None:
+            raise ValueError("plan.tp > 1 needs the (dp, tp) layout of the ranks")
+        if not tensor_plan:
+            raise ValueError(f"plan.tp: {plan.tp} needs the task to name the layers to split "
+                             "(Task.tensor_parallel = {'blocks.*.mlp.fc': 'colwise', ...})")
+        tensor.parallelize(model, tensor_plan, layout.tp_mesh)
+    if plan.compile:
+        maybe_compile(model, runtime.device)
+    if strategy in ("single", "localsgd", "diloco", "tp"):
         return model  # low-communication replicas meet through LowCommSync, not a wrapper
     if strategy == "fsdp":
         return fsdp.shard(model, reshard_after_forward=plan.fsdp_reshard,

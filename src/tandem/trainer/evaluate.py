@@ -10,6 +10,7 @@ from torch.utils.data import Dataset
 from tandem.config import DataConfig
 from tandem.data.loader import batch_size, eval_batches
 from tandem.data.sampler import eval_shard
+from tandem.parallel.tensor import Layout
 from tandem.runtime import Runtime
 from tandem.task import Task
 from tandem.trainer.precision import Precision
@@ -17,16 +18,21 @@ from tandem.trainer.precision import Precision
 
 @torch.no_grad()
 def evaluate(task: Task, model: nn.Module, dataset: Dataset, runtime: Runtime, batch: int,
-             data_cfg: DataConfig, precision: Precision) -> dict[str, float]:
+             data_cfg: DataConfig, precision: Precision,
+             layout: Layout | None = None) -> dict[str, float]:
     """Loss and metrics over `dataset`, each a sample-weighted mean over all ranks.
 
     Each rank evaluates a disjoint contiguous shard; sums and counts are all-reduced
     once at the end, so the result equals one process evaluating the whole set.
-    Must be called on all processes.
+    Under tensor parallelism (`layout`) the shards go to the data-parallel ranks and the
+    sums are reduced over the data-parallel group: tensor-parallel peers evaluate the
+    same samples together and are counted once. Must be called on all processes.
     """
     names = ["loss", *task.metrics]
     totals = torch.zeros(len(names) + 1, dtype=torch.float64, device=runtime.device)
-    indices = eval_shard(len(dataset), runtime.rank, runtime.world_size)  # type: ignore[arg-type]
+    rank, size, group = ((layout.dp_rank, layout.dp_size, layout.dp_group) if layout is not None
+                         else (runtime.rank, runtime.world_size, None))
+    indices = eval_shard(len(dataset), rank, size)  # type: ignore[arg-type]
     was_training = model.training
     model.eval()
     try:
@@ -42,7 +48,7 @@ def evaluate(task: Task, model: nn.Module, dataset: Dataset, runtime: Runtime, b
     finally:
         model.train(was_training)
     if dist.is_initialized():
-        dist.all_reduce(totals)
+        dist.all_reduce(totals, group=group)
     count = totals[-1].item()
     if count == 0:
         raise ValueError("the evaluation dataset is empty (len == 0)")

@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from tandem import parallel
-from tandem.config import Config, parse_target
+from tandem.config import Config, parse_ramp, parse_target
 from tandem.data.loader import train_batches
-from tandem.data.sampler import GlobalBatchSampler, split_batch
+from tandem.data.sampler import GlobalBatchSampler, check_sizes, split_batch
 from tandem.faults import FaultPlan
 from tandem.monitor.calibrate import calibrate
 from tandem.monitor.heartbeat import Heartbeat
@@ -21,7 +21,7 @@ from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
 from tandem.monitor.system import state_bytes
 from tandem.optim.schedule import LrController
-from tandem.parallel import fsdp
+from tandem.parallel import fsdp, tensor
 from tandem.parallel.lowcomm import LowCommSync
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
@@ -43,14 +43,28 @@ class Trainer:
         self.runtime = runtime
         self.run_dir = run_dir
         train = config.train
+        # Ranks on a (data-parallel x tensor-parallel) mesh; without tensor parallelism
+        # the data-parallel rank and size are the global ones.
+        self.layout = tensor.layout(config.plan.tp, runtime.rank, runtime.world_size,
+                                    runtime.device)
         self.micro, self.accum = split_batch(train.global_batch, train.micro_batch,
-                                             runtime.world_size)
+                                             self.layout.dp_size)
+        self.ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
+        for _, size in self.ramp:
+            if size % (self.micro * self.layout.dp_size):
+                raise ValueError(
+                    f"train.batch_ramp: batch {size} is not a multiple of micro-batch "
+                    f"{self.micro} x {self.layout.dp_size} data-parallel processes; the ramp "
+                    "grows the batch by accumulation, so each batch must be one")
         # Same value on every rank and at every world size: the same data and the same
         # initial weights as a one-process run.
         seed_all(derive_seed("build", config.run.seed))
         self.dataset = task.train_data()
+        for _, size in self.ramp:
+            check_sizes(len(self.dataset), size, self.micro * self.layout.dp_size)  # type: ignore[arg-type]
         self.eval_dataset = task.eval_data() if task.eval_data is not None else None
-        self.model = parallel.wrap(task.model(), config.plan, runtime)
+        self.model = parallel.wrap(task.model(), config.plan, runtime, self.layout,
+                                   task.tensor_parallel)
         self.strategy = parallel.resolve_strategy(config.plan, runtime)
         self.lowcomm = (LowCommSync(self.model, method=self.strategy,
                                     every=config.plan.sync_every,
@@ -59,7 +73,11 @@ class Trainer:
                         if self.strategy in ("localsgd", "diloco") else None)
         self.optimizer = task.optimizer(self.model.parameters())
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.lr = LrController(self.optimizer, config.optim, train.steps, train.global_batch)
+        self.grad_sync = (tensor.GradientSync(self.params, self.layout.dp_group,
+                                              self.layout.dp_size)
+                          if self.strategy == "tp" else None)
+        self.lr = LrController(self.optimizer, config.optim, train.steps, train.global_batch,
+                               self.batch_at if self.ramp else None)
         self.precision = Precision(config.precision, runtime.device)
         self.state = TrainState()
         self.target = parse_target(train.target) if train.target else None
@@ -74,9 +92,16 @@ class Trainer:
         self.guard_nonfinite = config.precision.mode != "fp16"
         self.monitor = LiveMonitor(
             device=runtime.device, rank=runtime.rank, world_size=runtime.world_size,
-            log_every=config.monitor.log_every, global_batch=train.global_batch,
-            accum=self.accum, tokens_per_sample=task.tokens_per_sample,
-            timing=config.monitor.timing)
+            log_every=config.monitor.log_every, tokens_per_sample=task.tokens_per_sample,
+            timing=config.monitor.timing, sharded=self.strategy == "fsdp")
+
+    def batch_at(self, step: int) -> int:
+        """The global batch of optimizer step `step` (train.batch_ramp, else global_batch)."""
+        size = self.config.train.global_batch
+        for start, ramp_size in self.ramp:
+            if step >= start:
+                size = ramp_size
+        return size
 
     def plan(self) -> dict[str, Any]:
         """The execution plan in force: how the work is spread and computed."""
@@ -84,8 +109,13 @@ class Trainer:
         return {
             "strategy": parallel.resolve_strategy(cfg.plan, self.runtime),
             "world_size": self.runtime.world_size,
+            "data_parallel": self.layout.dp_size,
+            "tensor_parallel": self.layout.tp_size,
             "micro_batch": self.micro,
             "accumulation": self.accum,
+            "batch_ramp": cfg.train.batch_ramp,
+            "activation_checkpointing": cfg.plan.activation_checkpointing,
+            "compile": cfg.plan.compile,
             "bucket_mb": cfg.plan.bucket_mb,
             "precision": cfg.precision.mode,
             "data_workers": cfg.data.workers,
@@ -108,14 +138,15 @@ class Trainer:
         task, model, precision, clock = self.task, self.model, self.precision, self.monitor.clock
         factor = self.faults.loss_factor(self.state.step) if self.faults is not None else None
         total = torch.zeros((), device=self.runtime.device)
-        for k in range(self.accum):
+        accum = self.batch_at(self.state.step) // (self.micro * self.layout.dp_size)
+        for k in range(accum):
             self._fault("data")
             clock.begin("data")
             batch = self._next_batch(batches)
             clock.end()
             self.last_batch = batch
             self._fault("compute")
-            sync = parallel.no_sync(model) if k < self.accum - 1 else contextlib.nullcontext()
+            sync = parallel.no_sync(model) if k < accum - 1 else contextlib.nullcontext()
             with sync:
                 clock.begin("forward", on_device=True)
                 with precision.autocast():
@@ -126,20 +157,33 @@ class Trainer:
                 # Mean over the micro-batch / accum, then DDP's mean over ranks: the
                 # gradient of the mean loss over the whole global batch.
                 clock.begin("backward", on_device=True)
-                precision.backward(loss / self.accum)
+                precision.backward(loss / accum)
                 clock.end()
             total += loss.detach().float()
+        if self.grad_sync is not None:  # tensor parallel: average over the data-parallel group
+            clock.begin("backward", on_device=True)
+            self.grad_sync()
+            clock.end()
         self._fault("optim")
         clock.begin("optim", on_device=True)
-        norm = precision.grad_norm(self.optimizer, self.params, self.config.train.grad_clip)
-        # The norm is of the all-reduced gradient, so every rank takes the same branch.
-        # fp16 leaves this to its loss scaler, for which an overflow is routine.
-        skip = self.guard_nonfinite and not bool(torch.isfinite(norm))
-        if not skip:
-            precision.step(self.optimizer)
+        # Tensor parallel: DTensor and plain (replicated) parameters meet in one optimizer.
+        mixed = tensor.mixed_ops() if self.grad_sync is not None else contextlib.nullcontext()
+        with mixed:
+            norm = precision.grad_norm(self.optimizer, self.params, self.config.train.grad_clip)
+            # The norm is of the all-reduced gradient, so every rank takes the same branch.
+            # fp16 leaves this to its loss scaler, for which an overflow is routine.
+            skip = self.guard_nonfinite and not bool(torch.isfinite(norm))
+            if not skip:
+                # Once per window: how far the update moved the weights, relative to them.
+                measure = self.config.monitor.timing and self.monitor.wants_update_ratio(
+                    self.state.step)
+                before = self.monitor.snapshot(self.params) if measure else None
+                precision.step(self.optimizer)
+                if before is not None:
+                    self.monitor.update_sizes(before, self.params)
         self.optimizer.zero_grad(set_to_none=True)
         clock.end()
-        return total, norm, skip
+        return total / accum, norm, skip
 
     def _next_batch(self, batches: Any) -> Any:
         try:
@@ -192,7 +236,7 @@ class Trainer:
             return {}
         values = evaluate(self.task, parallel.unwrap(self.model), self.eval_dataset,
                           self.runtime, self.config.train.eval_batch, self.config.data,
-                          self.precision)
+                          self.precision, self.layout)
         return {f"eval_{k}" if k == "loss" else k: v for k, v in values.items()}
 
     def _check_target(self, values: dict[str, float], elapsed: float) -> bool:
@@ -217,8 +261,9 @@ class Trainer:
         cfg, rt = self.config, self.runtime
         sampler = GlobalBatchSampler(
             dataset_len=len(self.dataset),  # type: ignore[arg-type]
-            global_batch=cfg.train.global_batch, accum=self.accum, rank=rt.rank,
-            world_size=rt.world_size, seed=cfg.run.seed, cursor=self.state.cursor,
+            global_batch=cfg.train.global_batch, accum=self.accum, rank=self.layout.dp_rank,
+            world_size=self.layout.dp_size, seed=cfg.run.seed, cursor=self.state.cursor,
+            batch_at=self.batch_at if self.ramp else None, step=self.state.step,
         )
         batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
         clock = _Clock(self.state.elapsed_s)
@@ -245,19 +290,21 @@ class Trainer:
         cfg, state = self.config, self.state
         self.heartbeat.at(state.step, "step")
         self._fault("step")
-        seed_step(cfg.run.seed, self.runtime.rank, state.step)
+        # Tensor-parallel peers draw the same numbers (they compute one replica together).
+        seed_step(cfg.run.seed, self.layout.dp_rank, state.step)
         window.lr = self.lr.apply(state.step)
+        size = self.batch_at(state.step)
         started = time.perf_counter()
         loss, norm, skipped = self._train_step(batches)
-        self.monitor.step(loss, norm, time.perf_counter() - started)
+        self.monitor.step(loss, norm, time.perf_counter() - started, size)
         window.steps += 1
         state.step += 1
         if self.lowcomm is not None:
             meeting = time.perf_counter()
             self.lowcomm.after_step(state.step, force=state.step == cfg.train.steps)
             window.comm_s += time.perf_counter() - meeting
-        state.cursor.take(cfg.train.global_batch, dataset_len)
-        state.samples += cfg.train.global_batch
+        state.cursor.take(size, dataset_len)
+        state.samples += size
         if state.step == cfg.monitor.calibrate_at:
             self._calibrate(reporter)
         if skipped:
@@ -279,6 +326,8 @@ class Trainer:
         stats = parallel.comm_stats(self.model)
         if stats is not None and stats.steps:  # what the DDP comm hook actually sent
             extra["comm/bytes_per_step"] = stats.bytes_per_step()
+        if self.grad_sync is not None and self.grad_sync.steps:
+            extra["comm/bytes_per_step"] = self.grad_sync.bytes_per_step()
         closed = self.monitor.close(self.state.step, window.busy, extra)
         window.clear()
         spike = 0
