@@ -175,3 +175,24 @@ def test_nothing_to_judge_gives_no_findings() -> None:
     assert diagnose([]) == []
     only_loss = [m for m in _metrics() if m["name"] == "loss"]
     assert diagnose(only_loss) == []
+
+
+def _data_rows(data_by_rank: list[float], step_s: float = 0.1) -> list[dict[str, Any]]:
+    rows = []
+    for w in range(1, 7):
+        for r, data in enumerate(data_by_rank):
+            jitter = 1 + 0.02 * ((w * 7 + r) % 3)
+            rows += [{"step": 10 * w, "rank": r, "name": "time/data", "value": data * jitter,
+                      "time": 0.0},
+                     {"step": 10 * w, "rank": r, "name": "time/step", "value": step_s,
+                      "time": 0.0}]
+    return rows
+
+
+def test_data_imbalance_names_the_rank_that_waits_for_its_batches() -> None:
+    found = _only(diagnose(_data_rows([0.004, 0.004, 0.03, 0.004])), "data-imbalance")
+    assert found.evidence["rank"] == 2 and found.evidence["ranks"] == [2]
+    assert found.evidence["ratio"] == pytest.approx(7.5, rel=0.1)
+    assert "data-imbalance" not in _kinds(diagnose(_data_rows([0.02] * 4)))
+    # Twice the median but a negligible part of the step: not worth a finding.
+    assert "data-imbalance" not in _kinds(diagnose(_data_rows([0.001, 0.001, 0.005])))

@@ -15,6 +15,10 @@ straggler              a rank's ``straggler/score`` (its step time / the median 
                        ranks) > STRAGGLER_SCORE (1.15) in more than
                        STRAGGLER_WINDOW_SHARE (50%) of at least
                        STRAGGLER_MIN_WINDOWS (2) windows
+data-imbalance         a rank's ``time/data`` > IMBALANCE_RATIO (2x) the median over
+                       ranks and > IMBALANCE_MIN_SHARE (10%) of its ``time/step``, in
+                       more than half of at least STRAGGLER_MIN_WINDOWS windows (some
+                       ranks' batches cost more to load: uneven samples or storage)
 unstable               any non-finite loss or grad norm, any event whose kind is in
                        UNSTABLE_EVENT_KINDS (e.g. nonfinite, loss_spike), a loss rise
                        with robust z > LOSS_SPIKE_Z (6) and > LOSS_SPIKE_MIN_RISE (5%)
@@ -45,6 +49,7 @@ from tandem.analyze.figures import (
     by_name,
     drop_warmup,
     in_window,
+    per_rank,
     series_of,
     steady,
 )
@@ -58,6 +63,8 @@ STRAGGLER_SCORE = 1.15
 STRAGGLER_WINDOW_SHARE = 0.5
 STRAGGLER_MIN_WINDOWS = 2
 COMPUTE_BOUND_SHARE = 0.70
+IMBALANCE_RATIO = 2.0
+IMBALANCE_MIN_SHARE = 0.10
 LOSS_SPIKE_Z = 6.0
 LOSS_SPIKE_MIN_RISE = 0.05
 LOSS_SPIKE_MIN_WINDOWS = 8
@@ -71,7 +78,8 @@ SEVERE_EVENT_KINDS = frozenset({"nan", "non-finite", "nonfinite", "divergence"})
 
 SEVERITIES = ("high", "medium", "low", "info")
 PERFORMANCE_KINDS = frozenset({
-    "input-bound", "communication-bound", "memory-bound", "straggler", "compute-bound"})
+    "input-bound", "communication-bound", "memory-bound", "straggler", "data-imbalance",
+    "compute-bound"})
 
 
 @dataclass(frozen=True)
@@ -336,6 +344,43 @@ def _balanced(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
         [])
 
 
+def _data_imbalance(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
+    data, step = per_rank(groups.get("time/data", ())), per_rank(groups.get("time/step", ()))
+    if len(data) < 2:
+        return None
+    windows = sorted({s for by_step in data.values() for s in by_step})
+    windows, _ = steady(windows, windows)
+    over: dict[int, list[float]] = {}
+    counted = 0
+    for w in windows:
+        here = {r: d[w] for r, d in data.items() if w in d and math.isfinite(d[w])}
+        if len(here) < 2:
+            continue
+        counted += 1
+        median = stats.median(list(here.values()))
+        for rank, value in here.items():
+            own_step = step.get(rank, {}).get(w, math.nan)
+            if (value > IMBALANCE_RATIO * max(median, 1e-12)
+                    and value > IMBALANCE_MIN_SHARE * own_step):
+                over.setdefault(rank, []).append(value / max(median, 1e-12))
+    slow = {r: v for r, v in over.items()
+            if counted >= STRAGGLER_MIN_WINDOWS and len(v) > counted / 2}
+    if not slow:
+        return None
+    worst = max(slow, key=lambda r: stats.median(slow[r]))
+    ratio = stats.median(slow[worst])
+    return Finding(
+        "data-imbalance", "high" if ratio >= 2 * IMBALANCE_RATIO else "medium",
+        {"rank": worst, "ranks": sorted(slow), "ratio": ratio, "windows_over": len(slow[worst]),
+         "windows": counted},
+        f"rank {worst} waits {ratio:.1f}x the median rank's time for its batches (in "
+        f"{len(slow[worst])} of {counted} windows) -> its share of the data costs more to "
+        "load, and the others wait for it at each all-reduce",
+        ["data.workers: more loader processes hide uneven per-sample cost",
+         f"check what rank {worst} reads: slower storage, larger or compressed samples",
+         "shuffle so that costly samples spread over the ranks"])
+
+
 def diagnose(metrics: Iterable[Metric], events: Iterable[Mapping[str, Any]] = (),
              window: tuple[int, int] | None = None,
              config: Mapping[str, Any] | None = None) -> list[Finding]:
@@ -350,7 +395,8 @@ def diagnose(metrics: Iterable[Metric], events: Iterable[Mapping[str, Any]] = ()
               or e["step"] < 0]
     groups = by_name(rows)
     found = [f for f in (_input_bound(groups, config), _communication_bound(groups, config),
-                         _memory_bound(groups), _straggler(groups)) if f is not None]
+                         _memory_bound(groups), _straggler(groups), _data_imbalance(groups))
+             if f is not None]
     if not found and (compute := _compute_bound(groups, config)) is not None:
         found.append(compute)
     if not found and (balanced := _balanced(groups)) is not None:

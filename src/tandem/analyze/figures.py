@@ -23,7 +23,7 @@ PHASES: tuple[tuple[str, str], ...] = (
 # Names the trainer writes that are not evaluation or user metrics.
 TRAINING_NAMES = frozenset({
     "time/step", "samples_per_s", "tokens_per_s", "loss", "grad_norm", "lr", "loss_scale",
-    "mfu", "straggler/score", *(name for name, _ in PHASES)})
+    "update_ratio", "mfu", "straggler/score", *(name for name, _ in PHASES)})
 
 
 def by_name(metrics: Iterable[Metric]) -> dict[str, list[Metric]]:

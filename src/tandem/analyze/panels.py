@@ -83,10 +83,11 @@ def throughput_panels(groups: Groups) -> list[str]:
 
 
 def optimizer_panels(groups: Groups) -> list[str]:
-    """Gradient norm, learning rate and fp16 loss scale."""
+    """Gradient norm, update/weight ratio, learning rate and fp16 loss scale."""
     out = []
-    for name, title in (("grad_norm", "Gradient norm"), ("lr", "Learning rate"),
-                        ("loss_scale", "fp16 loss scale")):
+    for name, title in (("grad_norm", "Gradient norm"),
+                        ("update_ratio", "Update / weight norm (one step per window)"),
+                        ("lr", "Learning rate"), ("loss_scale", "fp16 loss scale")):
         steps, values = figures.series_of(groups, name)
         if steps:
             out.append(line_panel(title, f"data-{name}", [svg.Line(name, steps, values)]))

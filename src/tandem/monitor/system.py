@@ -38,10 +38,25 @@ def memory(device: torch.device) -> dict[str, float]:
     return figures
 
 
-class SystemSampler:
-    """CPU utilisation and network/disk byte rates between two calls."""
+def gpu_utilisation(device: torch.device) -> dict[str, float]:
+    """The device's compute and memory-bandwidth utilisation in percent over the driver's
+    last sample period (NVML, from the nvidia-ml-py package); {} where it cannot be read."""
+    if device.type != "cuda":
+        return {}
+    try:
+        return {"sys/gpu_util_percent": float(torch.cuda.utilization(device)),
+                "sys/gpu_mem_util_percent": float(torch.cuda.memory_usage(device))}
+    except Exception:  # noqa: BLE001 - no NVML (pip install nvidia-ml-py) or no permission
+        return {}
 
-    def __init__(self) -> None:
+
+class SystemSampler:
+    """CPU (and GPU) utilisation and network/disk byte rates between two calls."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device if device is not None else torch.device("cpu")
+        # Read once: without NVML every later window skips the attempt.
+        self.gpu = bool(gpu_utilisation(self.device))
         self.process = psutil.Process()
         self.process.cpu_percent(None)
         psutil.cpu_percent(None)
@@ -67,4 +82,6 @@ class SystemSampler:
             moved = disk.read_bytes + disk.write_bytes - before
             figures["sys/disk_bytes_per_s"] = moved / span
         self._last, self._net, self._disk = now, net, disk
+        if self.gpu:
+            figures.update(gpu_utilisation(self.device))
         return figures
