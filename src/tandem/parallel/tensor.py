@@ -10,7 +10,10 @@ tensors, replicated inside the tensor-parallel group.
 
 Gradients are averaged over the data-parallel group after the last backward of a step,
 in one flat all-reduce per dtype (`GradientSync`); each rank sends its own local shard,
-so the traffic per rank is 1/tp of a data-parallel replica's.
+so the traffic per rank is 1/tp of a data-parallel replica's. That all-reduce is what
+`comm/bytes_per_step` counts; the activation all-reduces inside the tensor-parallel
+group (two per split block in forward, two in backward) are not counted. The gradient
+all-reduce runs after backward, not overlapped with it.
 """
 
 from __future__ import annotations
