@@ -1,0 +1,85 @@
+"""The peer comparison's hand-written contender: plain torch DDP, as a user would write it.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 \\
+        benchmarks/peers/ddp_loop.py --task mnist1d --out /tmp/peers/ddp
+
+DistributedSampler(shuffle=True, seed) re-seeded per epoch, drop_last batches, the recipe's
+lr multiplier set on every param group before each step, evaluation on a
+DistributedSampler(shuffle=False) shard with the sums all-reduced once.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recipe as rc  # noqa: E402
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
+    """Mean per-sample loss (and accuracy) over the whole eval set. All ranks."""
+    model.eval()
+    totals, names = None, None
+    for batch in loader:
+        values = rc.per_sample(model(batch[0]), batch)
+        names = sorted(values)
+        part = rc.sums(values)
+        totals = part if totals is None else totals + part
+    model.train()
+    assert totals is not None and names is not None
+    dist.all_reduce(totals)
+    return rc.means(names, totals)
+
+
+def main() -> None:
+    args = rc.parse_args()
+    rc.limit_threads()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    r = rc.recipe(args.task, args.steps)
+    log = rc.FetchLog()
+    train_set = rc.Clocked(r.train_set(), log, "train")
+    eval_set = rc.Clocked(r.eval_set(), log, "eval")
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(r.model())
+    optimizer = r.optimizer(model.parameters())
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+    sampler = DistributedSampler(train_set, world, rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=r.per_process_batch(world), sampler=sampler,
+                        drop_last=True)
+    eval_loader = DataLoader(eval_set, batch_size=r.eval_batch,
+                             sampler=DistributedSampler(eval_set, world, rank, shuffle=False))
+    evals: list[dict[str, float]] = []
+    step, epoch = 0, 0
+    while step < r.steps:
+        sampler.set_epoch(epoch)
+        epoch += 1
+        for batch in loader:
+            factor = r.lr_multiplier(step)
+            for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
+                group["lr"] = base * factor
+            loss = rc.loss(model(batch[0]), batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if r.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), r.grad_clip)
+            optimizer.step()
+            step += 1
+            if r.evaluates_at(step):
+                evals.append({"step": step, **evaluate(model.module, eval_loader)})
+            if step == r.steps:
+                break
+    rc.write_result(args.out, rank, log, evals, steps=step, epochs=epoch)
+    del model, optimizer  # the DDP reducer holds the group: free it first
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
