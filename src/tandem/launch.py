@@ -22,6 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
     parser.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
     parser.add_argument("--rdzv-id", default="tandem", help="job id shared by all nodes")
+    parser.add_argument("--rdzv-conf", default=None,
+                        help="rendezvous options, e.g. is_host=true on the node that serves "
+                             "the c10d store when its hostname does not resolve to the "
+                             "endpoint's address")
+    parser.add_argument("--local-addr", default=None,
+                        help="this node's address as the other nodes reach it")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="times the group is restarted after a worker fails")
     parser.add_argument("--monitor-interval", default=None,
@@ -57,6 +63,10 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
                 f"--rdzv-endpoint={ns.rdzv_endpoint}", f"--rdzv-id={ns.rdzv_id}"]
         if ns.node_rank is not None:
             cmd.append(f"--node-rank={ns.node_rank}")
+        if getattr(ns, "rdzv_conf", None):
+            cmd.append(f"--rdzv-conf={ns.rdzv_conf}")
+        if getattr(ns, "local_addr", None):
+            cmd.append(f"--local-addr={ns.local_addr}")
     if ns.monitor_interval is not None:
         cmd.append(f"--monitor-interval={ns.monitor_interval}")
     if getattr(ns, "observe", False):

@@ -69,6 +69,10 @@ def _backend(plan: PlanConfig, device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+_GROUPS_STARTED = 0  # process groups this process has created (all ranks count alike)
+_STORES: dict[tuple, dist.TCPStore] = {}
+
+
 def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
     """A store whose keys are private to this restart attempt of the group.
 
@@ -79,16 +83,25 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
     host = os.environ["MASTER_ADDR"]
     port = int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(
-        host_name=host,
-        port=port,
-        world_size=world_size,
-        is_master=(not agent_store) and rank == 0,
-        timeout=timeout,
-        wait_for_workers=False,
-    )
+    # One store per process and address, reused by later groups: a second server on the
+    # port would race the first one's shutdown, and a client could reach the old one.
+    key = (host, port, world_size, rank, agent_store)
+    store = _STORES.get(key)
+    if store is None:
+        store = _STORES[key] = dist.TCPStore(
+            host_name=host,
+            port=port,
+            world_size=world_size,
+            is_master=(not agent_store) and rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"tandem/attempt{attempt}", store)
+    # A process may also run several groups one after another (fit called twice): each
+    # gets its own keys too, or a later group can read an earlier one's addresses.
+    global _GROUPS_STARTED
+    _GROUPS_STARTED += 1
+    return dist.PrefixStore(f"tandem/attempt{attempt}/group{_GROUPS_STARTED}", store)
 
 
 def start(plan: PlanConfig) -> Runtime:

@@ -21,7 +21,7 @@ from tandem.runtime import Runtime
 
 log = logging.getLogger("tandem")
 
-_DTYPES: dict[str, torch.dtype | None] = {
+DTYPES: dict[str, torch.dtype | None] = {
     "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Byte counters of the DDP comm hooks in force, by wrapped model (read by the monitor).
 _COMM_STATS: weakref.WeakKeyDictionary[nn.Module, hooks.CommStats] = (
@@ -69,8 +69,8 @@ def wrap(model: nn.Module, plan: PlanConfig, runtime: Runtime,
         return model  # low-communication replicas meet through LowCommSync, not a wrapper
     if strategy == "fsdp":
         return fsdp.shard(model, reshard_after_forward=plan.fsdp_reshard,
-                          param_dtype=_DTYPES[plan.fsdp_param_dtype],
-                          reduce_dtype=_DTYPES[plan.fsdp_reduce_dtype])
+                          param_dtype=DTYPES[plan.fsdp_param_dtype],
+                          reduce_dtype=DTYPES[plan.fsdp_reduce_dtype])
     ddp = DistributedDataParallel(
         model,
         device_ids=[runtime.device.index] if runtime.device.type == "cuda" else None,

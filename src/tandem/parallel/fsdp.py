@@ -121,3 +121,20 @@ def local_param_bytes(model: nn.Module) -> int:
         local = param.to_local() if hasattr(param, "to_local") else param
         total += local.numel() * local.element_size()
     return total
+
+
+def bytes_per_step(model: nn.Module, world: int, accum: int, reshard_after_forward: bool,
+                   param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> float:
+    """Bytes one rank sends per optimizer step, from the sizes (ring collectives).
+
+    Each micro-batch all-gathers the parameters for forward, and again for backward when
+    they were resharded after forward; the gradients are reduce-scattered once per step
+    (accumulation keeps them unsharded until the last micro-batch). A ring all-gather or
+    reduce-scatter of B bytes sends (N - 1) / N x B from each rank.
+    """
+    params = list(model.parameters())
+    gathered = sum(p.numel() * (param_dtype or p.dtype).itemsize for p in params)
+    reduced = sum(p.numel() * (reduce_dtype or param_dtype or p.dtype).itemsize
+                  for p in params if p.requires_grad)
+    gathers = accum * (2 if reshard_after_forward else 1)
+    return (world - 1) / world * (gathered * gathers + reduced)

@@ -4,6 +4,7 @@
 # annotations with the real `dist.GradBucket` and `Future[Tensor]` types, and string
 # annotations fail that check.
 
+import copy
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -49,6 +50,25 @@ class CommStats:
         self._steps: deque[float] = deque(maxlen=window)
         self._current = 0.0
         self.steps = 0
+        self.state: Any = None  # the hook's own state (error feedback, residuals, counters)
+
+    def save(self) -> dict[str, Any]:
+        """A copy of the counters and of the hook's state, for `restore` (calibration)."""
+        state = {}
+        if self.state is not None:
+            names = getattr(type(self.state), "__slots__", None) or list(vars(self.state))
+            for name in names:
+                if name == "process_group" or not hasattr(self.state, name):
+                    continue
+                state[name] = copy.deepcopy(getattr(self.state, name))
+        return {"steps": (deque(self._steps, maxlen=self._steps.maxlen), self._current,
+                          self.steps), "state": state}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Put back what `save` copied: passes in between leave no trace in later steps."""
+        self._steps, self._current, self.steps = saved["steps"]
+        for name, value in saved["state"].items():
+            setattr(self.state, name, value)
 
     def add(self, nbytes: float, last_bucket: bool) -> None:
         """Count one bucket's bytes; `last_bucket` closes the step."""
@@ -155,10 +175,12 @@ def register(ddp: DistributedDataParallel, name: str, *, backend: str,
                               warm_start=True)
         ddp.register_comm_hook(
             state, _counted(powerSGD_hook, stats, lambda b: _powersgd_bytes(state, b, world)))
+        stats.state = state
     else:
         topk = TopKState(topk_ratio, group)
         ddp.register_comm_hook(topk, _counted(
             topk_hook, stats,
             lambda b: (world - 1) * topk.payload_bytes(b.buffer().numel(), b.buffer().dtype)))
+        stats.state = topk
     log.info("comm hook: %s on %d ranks", name, world)
     return stats

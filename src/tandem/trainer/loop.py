@@ -209,6 +209,10 @@ class Trainer:
                 loss.backward()
             self.optimizer.zero_grad(set_to_none=True)
 
+        # A comm hook with memory (PowerSGD's error feedback, top-k residuals, their step
+        # counters) must not remember the calibration passes: put its state back after.
+        stats = parallel.comm_stats(model)
+        saved = stats.save() if stats is not None else None
         try:
             figures = calibrate(one_pass, device=self.runtime.device,
                                 world_size=self.runtime.world_size, accum=self.accum,
@@ -216,6 +220,8 @@ class Trainer:
                                 precision=self.config.precision.mode,
                                 synchronised=self.strategy == "ddp")
         finally:
+            if stats is not None and saved is not None:
+                stats.restore(saved)
             if fsdp.is_sharded(model):
                 # FSDP2 keeps no-sync gradients outside p.grad, where zero_grad cannot
                 # reach them, until the next synchronised backward: consume them here.
@@ -301,13 +307,14 @@ class Trainer:
         size = self.batch_at(state.step)
         started = time.perf_counter()
         loss, norm, skipped = self._train_step(batches)
-        self.monitor.step(loss, norm, time.perf_counter() - started, size)
         window.steps += 1
         state.step += 1
         if self.lowcomm is not None:
             meeting = time.perf_counter()
             self.lowcomm.after_step(state.step, force=state.step == cfg.train.steps)
             window.comm_s += time.perf_counter() - meeting
+        # Step time includes a low-communication meeting, as the window's time/step does.
+        self.monitor.step(loss, norm, time.perf_counter() - started, size)
         state.cursor.take(size, dataset_len)
         state.samples += size
         if state.step == cfg.monitor.calibrate_at:
@@ -329,8 +336,14 @@ class Trainer:
             extra["time/comm_exposed"] = window.comm_s / window.steps
             extra["comm/bytes_per_step"] = self.lowcomm.take_bytes() / window.steps
         stats = parallel.comm_stats(self.model)
-        if stats is not None and stats.steps:  # what the DDP comm hook actually sent
+        if stats is not None and (stats.steps or stats.fixed_bytes is not None):
+            # What the DDP comm hook actually sent (DDP's own all-reduce: from the sizes).
             extra["comm/bytes_per_step"] = stats.bytes_per_step()
+        if self.strategy == "fsdp":  # FSDP2 counts nothing itself: from the sizes
+            plan = self.config.plan
+            extra["comm/bytes_per_step"] = fsdp.bytes_per_step(
+                self.model, self.runtime.world_size, self.accum, plan.fsdp_reshard,
+                parallel.DTYPES[plan.fsdp_param_dtype], parallel.DTYPES[plan.fsdp_reduce_dtype])
         if self.grad_sync is not None and self.grad_sync.steps:
             extra["comm/bytes_per_step"] = self.grad_sync.bytes_per_step()
         closed = self.monitor.close(self.state.step, window.busy, extra)

@@ -1,0 +1,34 @@
+"""`tandem run` flags become the torchrun command line they stand for."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from tandem.launch import add_arguments, torchrun_command
+
+
+def _command(tmp_path: Path, *flags: str) -> list[str]:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return torchrun_command(parser.parse_args([*flags, str(script), "--train.steps", "3"]))
+
+
+def test_multi_node_flags_pass_through(tmp_path: Path) -> None:
+    cmd = _command(tmp_path, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                   "10.0.0.1:29400", "--rdzv-conf", "is_host=false", "--local-addr", "10.0.0.2")
+    assert "--nnodes=2" in cmd and "--node-rank=1" in cmd and "--standalone" not in cmd
+    assert "--rdzv-conf=is_host=false" in cmd and "--local-addr=10.0.0.2" in cmd
+    assert cmd[-2:] == ["--train.steps", "3"]
+
+
+def test_missing_plan_and_endpoint_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--plan 'nope.toml' does not exist"):
+        _command(tmp_path, "--plan", "nope.toml")
+    with pytest.raises(ValueError, match="--rdzv-endpoint"):
+        _command(tmp_path, "--nnodes", "2")
+    assert "--standalone" in _command(tmp_path)
