@@ -1,4 +1,4 @@
-"""The `tandem` command: run, config, runs, report, compare."""
+"""The `tandem` command: run, config, runs, report, compare, tune."""
 
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("runs", nargs="+", help="two or more runs")
     compare.add_argument("--html", default="compare.html", help="comparison file")
     _store_arg(compare)
+    tune = sub.add_parser("tune", help="pick the execution plan by short validation trials")
+    from tandem.tune.command import add_arguments as tune_arguments
+
+    tune_arguments(tune)
     return parser
 
 
@@ -97,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             _report(ns, console)
         elif ns.command == "compare":
             _compare(ns, console)
+        elif ns.command == "tune":
+            from tandem.tune.command import run as tune
+
+            return tune(ns, console)
     except ValueError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
         return 2

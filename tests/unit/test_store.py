@@ -151,15 +151,31 @@ def test_older_schema_is_migrated_or_refused(tmp_path: Path,
     path = tmp_path / "runs.db"
     RunStore(path).close()
     _set_version(path, 0)
-    with pytest.raises(StoreVersionError, match="cannot migrate to version 1"):
+    with pytest.raises(StoreVersionError, match=f"cannot migrate to version "
+                                                f"{store_mod.SCHEMA_VERSION}"):
         RunStore(path)
     seen: list[int] = []
     monkeypatch.setitem(store_mod.MIGRATIONS, 0, lambda conn: seen.append(0))
     RunStore(path).close()
     assert seen == [0]
     conn = sqlite3.connect(path)
-    assert conn.execute("SELECT value FROM meta").fetchone()[0] == "1"
+    assert conn.execute("SELECT value FROM meta").fetchone()[0] == str(store_mod.SCHEMA_VERSION)
     conn.close()
+
+
+def test_version_1_trials_move_to_tune_trials(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    with RunStore(path) as store:
+        store.start_run("r", "r", {}, {}, {})
+        store.log_trial("r", "t1", {"data.workers": 2}, "adopted", {"ratio": 2.0}, "faster")
+    conn = sqlite3.connect(path)  # back to how version 1 stored it
+    conn.execute("ALTER TABLE tune_trials RENAME TO trials")
+    conn.commit()
+    conn.close()
+    _set_version(path, 1)
+    with RunStore(path) as store:
+        (trial,) = store.trials("r")
+    assert trial["trial_id"] == "t1" and trial["figures"] == {"ratio": 2.0}
 
 
 def test_foreign_database_is_refused(tmp_path: Path) -> None:

@@ -97,6 +97,29 @@ def _events_table(events: Sequence[Mapping[str, Any]]) -> str:
                            rows, numeric=[True, True, False, False, True, True, False])
 
 
+def _interval(d: Any, suffix: str = "") -> str:
+    if not isinstance(d, Mapping) or "estimate" not in d:
+        return ""
+    return f"{d['estimate']:.3g}{suffix} [{d['low']:.3g}, {d['high']:.3g}]"
+
+
+def trial_rows(trials: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """The tuner's decision record as table rows: id, trial, status, samples/s, ratio, why."""
+    return [[str(t["trial_id"]), str((t.get("figures") or {}).get("label", "")),
+             str(t["status"]), _interval((t.get("figures") or {}).get("samples_per_s")),
+             _interval((t.get("figures") or {}).get("ratio"), "x"), str(t.get("decision") or "")]
+            for t in trials]
+
+
+def trials_html(trials: Sequence[Mapping[str, Any]]) -> str:
+    """The tune session's trials: every run, its figures with 95% intervals, and why."""
+    if not trials:
+        return ""
+    return "<h2>Tuning decisions</h2>" + html.list_table(
+        ["#", "trial", "status", "samples/s [95% CI]", "vs plan [95% CI]", "decision"],
+        trial_rows(trials), numeric=[True, False, False, True, True, False])
+
+
 def render_html(store: RunStore, run_id: str) -> str:
     """The report of one run (id, id prefix or name) as an HTML string."""
     run, metrics, events, findings = _load(store, run_id)
@@ -110,6 +133,7 @@ def render_html(store: RunStore, run_id: str) -> str:
     summary = run.get("summary") or {}
     body = [
         _header(run, findings), html.kpis(_kpi_items(run, head)),
+        trials_html(store.trials(run["run_id"])),
         "<h2>Diagnosis</h2>", findings_html(findings),
         "<h2>Curves</h2>",
         f'<div class="grid">{"".join(charts)}</div>' if charts
@@ -157,6 +181,15 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
         table.add_row("step time split", ", ".join(
             f"{label} {text.share(v / step)}" for label, v in shares if v is not None))
     console.print(table)
+    trials = store.trials(run["run_id"])
+    if trials:
+        decisions = Table(title="tuning decisions", title_justify="left")
+        for column in ("#", "trial", "status", "samples/s [95% CI]", "vs plan [95% CI]",
+                       "decision"):
+            decisions.add_column(column)
+        for row in trial_rows(trials):
+            decisions.add_row(*row)
+        console.print(decisions)
     if not findings:
         console.print("[dim]no timing figures recorded: nothing to diagnose[/dim]")
     for f in findings:

@@ -24,7 +24,7 @@ from typing import Any
 
 log = logging.getLogger("tandem")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("running", "completed", "failed", "preempted")
 # Seconds a connection waits for a lock held by another writer before it gives up.
 BUSY_TIMEOUT_S = 30.0
@@ -46,15 +46,25 @@ CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, kind TEXT NOT NULL,
     message TEXT NOT NULL, value REAL, threshold REAL, time REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, step);
-CREATE TABLE IF NOT EXISTS trials (
+CREATE TABLE IF NOT EXISTS tune_trials (
     run_id TEXT NOT NULL, trial_id TEXT NOT NULL, plan TEXT NOT NULL, status TEXT NOT NULL,
     figures TEXT NOT NULL, decision TEXT, time REAL NOT NULL,
     PRIMARY KEY (run_id, trial_id));
 """
 
+
+
+def _rename_trials(conn: sqlite3.Connection) -> None:
+    """Version 1 -> 2: `trials` becomes `tune_trials`, so that an Optuna study (whose own
+    table is called `trials`) can live in the same file."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(trials)")}
+    if "figures" in columns:  # ours, not Optuna's
+        conn.execute("ALTER TABLE trials RENAME TO tune_trials")
+
+
 # version v -> the function that upgrades a v store to v + 1, inside one transaction.
-# Empty while version 1 is the only one; a store older than the oldest key is refused.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+# A store older than the oldest key is refused.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _rename_trials}
 
 
 class StoreVersionError(ValueError):
@@ -237,7 +247,7 @@ class RunStore:
         """Record (or update) one tuner trial of run `run_id`."""
         with self._tx():
             self._conn.execute(
-                "INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO tune_trials VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (run_id, trial_id, _dumps(plan), status, _dumps(figures), decision,
                  time.time()))
 
@@ -311,7 +321,7 @@ class RunStore:
     def trials(self, run_id: str) -> list[dict[str, Any]]:
         """Tuner trials of a run, in order of time."""
         rows = self._conn.execute(
-            "SELECT * FROM trials WHERE run_id=? ORDER BY time", (run_id,)).fetchall()
+            "SELECT * FROM tune_trials WHERE run_id=? ORDER BY time", (run_id,)).fetchall()
         out = []
         for r in rows:
             d = dict(r)

@@ -1,0 +1,146 @@
+"""`tandem tune`: its flags, the session, the plan file and the table at the end."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import tomllib
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tandem.tune import planfile, space
+from tandem.tune import stats as tstats
+from tandem.tune.session import Record, Settings, Tuner, TuneResult, session_id
+from tandem.tune.trial import TrialRunner
+
+STATUS_STYLE = {"adopted": "bold green", "rejected": "bold red", "failed": "red",
+                "stopped-early": "yellow", "not-significant": "yellow", "bound": "cyan",
+                "measured": "bold", "skipped": "dim", "invalid": "dim", "pruned": "yellow",
+                "complete": "green"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of `tandem tune`."""
+    parser.add_argument("--nproc-per-node", type=int, default=1,
+                        help="processes of every trial run")
+    parser.add_argument("--budget", default="10m",
+                        help="wall time for the whole session: 90s, 10m, 1h (default 10m)")
+    parser.add_argument("--out", default="plan.toml", help="the plan file written at the end")
+    parser.add_argument("--store", default="runs/tandem.db",
+                        help="run store for the trials and the decision record")
+    parser.add_argument("--work-dir", default="runs/tune",
+                        help="where trial runs, their plan files and logs go")
+    parser.add_argument("--max-trials", type=int, default=10,
+                        help="controls and candidates to run at most")
+    parser.add_argument("--steps", type=int, default=60, help="steps of each trial run")
+    parser.add_argument("--log-every", type=int, default=5,
+                        help="steps per logging window (one throughput figure each)")
+    parser.add_argument("--min-gain", type=float, default=tstats.MIN_GAIN,
+                        help="a change must be faster by more than this, outside the noise")
+    parser.add_argument("--guard-steps", type=int, default=0,
+                        help="steps of the convergence guardrail (0: the trial runs' own)")
+    parser.add_argument("--trial-timeout", type=float, default=300.0,
+                        help="seconds before a trial run is killed and recorded as hung")
+    parser.add_argument("--try", dest="tries", action="append", default=[],
+                        metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="a candidate to try first (repeatable)")
+    parser.add_argument("--plan", default=None,
+                        help="the current plan file, if the job already runs with one")
+    parser.add_argument("--hparams", action="store_true",
+                        help="search hyper-parameters for time to train.target (Optuna)")
+    parser.add_argument("--n-trials", type=int, default=20,
+                        help="--hparams: Optuna trials at most")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER,
+                        help="the script's own flags (--section.field VALUE ...)")
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '10m', '1.5h' or '600' -> seconds."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
+    if not m:
+        raise ValueError(f"--budget {text!r} is not a duration; write 90s, 10m or 1h")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _base_plan(path: str | None) -> dict:
+    if path is None:
+        return {}
+    if not Path(path).is_file():
+        raise ValueError(f"--plan {path!r} does not exist")
+    with open(path, "rb") as handle:
+        return space.flatten(tomllib.load(handle))
+
+
+def runner_from(ns: argparse.Namespace) -> TrialRunner:
+    """The trial runner that `ns` describes."""
+    if not Path(ns.script).is_file():
+        raise ValueError(f"script {ns.script!r} does not exist")
+    if ns.nproc_per_node < 1:
+        raise ValueError(f"--nproc-per-node {ns.nproc_per_node} must be >= 1")
+    from tandem.tune.trial import strip_flags
+
+    return TrialRunner(script=str(Path(ns.script).resolve()),
+                       script_args=strip_flags(ns.args, ["plan"]),
+                       nproc=ns.nproc_per_node, work_dir=Path(ns.work_dir).resolve(),
+                       store_path=Path(ns.store).resolve(), base_plan=_base_plan(ns.plan),
+                       timeout_s=ns.trial_timeout)
+
+
+def run(ns: argparse.Namespace, console: Console) -> int:
+    """`tandem tune ...`: returns the exit status."""
+    if ns.hparams:
+        from tandem.tune import hparams
+
+        return hparams.run(ns, console)
+    settings = Settings(budget_s=parse_duration(ns.budget), max_trials=ns.max_trials,
+                        steps=ns.steps, log_every=ns.log_every, min_gain=ns.min_gain,
+                        guard_steps=ns.guard_steps)
+    if settings.steps < 2 * settings.log_every:
+        raise ValueError(f"--steps {settings.steps} must give at least two logging windows "
+                         f"of --log-every {settings.log_every} steps")
+    extra = [space.parse_try(t) for t in ns.tries]
+    runner = runner_from(ns)
+    session = session_id(ns.script)
+    console.print(f"tandem tune: session {session}, {runner.nproc} process(es), budget "
+                  f"{settings.budget_s:.0f} s, at most {settings.max_trials} trials")
+    tuner = Tuner(runner, settings, session, extra,
+                  echo=lambda line: console.print(line, highlight=False, markup=False))
+    result = tuner.run()
+    text = planfile.render(result, ns.script, runner.nproc, ns.store, settings.min_gain)
+    path = planfile.write(Path(ns.out), text)
+    console.print(decision_table(result.records, f"tune session {session}"))
+    console.print(summary_line(result, runner.runs))
+    console.print(f"plan written to {path} (use: tandem run --plan {path} ...)")
+    return 0
+
+
+def summary_line(result: TuneResult, runs: int) -> str:
+    """One line: what was chosen, how much faster, at what cost."""
+    if result.changes:
+        chosen = ", ".join(f"{k}={v}" for k, v in result.changes.items())
+        speed = f" ({result.speedup.text()}x the baseline)" if result.speedup else ""
+        head = f"chosen: {chosen}{speed}"
+    else:
+        head = "chosen: keep the current plan"
+    return (f"{head}; {result.trials} trial(s), {runs} run(s), "
+            f"{result.wall_s:.0f} s of tuning")
+
+
+def decision_table(records: list[Record], title: str) -> Table:
+    """The decision record as a rich table."""
+    from tandem.analyze.report import trial_rows
+
+    table = Table(title=title, title_justify="left")
+    for column in ("#", "trial", "status", "samples/s [95% CI]", "vs plan [95% CI]",
+                   "decision"):
+        table.add_column(column, overflow="fold")
+    rows = trial_rows([{"trial_id": r.trial_id, "status": r.status,
+                        "figures": {"label": r.label, **r.figures}, "decision": r.decision}
+                       for r in records])
+    for row in rows:
+        style = STATUS_STYLE.get(row[2], "")
+        table.add_row(*row[:2], f"[{style}]{row[2]}[/]" if style else row[2], *row[3:])
+    return table

@@ -1,0 +1,244 @@
+"""`tandem tune --hparams`: search hyper-parameters for the time to reach train.target.
+
+Optuna drives the search: a TPE sampler proposes, a MedianPruner stops trials whose
+evaluations lag the median of earlier trials at the same step. Each trial is a real run
+of the script (`trial.py`'s command, with `train.eval_every` set so the target is
+checked during the run); the tuner reads its evaluations from the run store while it
+runs and reports the distance to the target to Optuna at each evaluation.
+
+Objective (seconds, minimised): the run's time to target (`summary.time_to_target_s`);
+a run that does not reach it scores PENALTY x its training time, so a miss is always
+worse than a hit within the same run length.
+
+Search space, only over keys present in the config at run time:
+
+* learning-rate multiplier m in [1/4, 4] (log): `optim.lr_scaling = "linear"` with
+  `optim.reference_batch = round(global_batch / m)` - the task's lr is scaled by m;
+* `optim.schedule` constant / warmup_cosine / onecycle, with `optim.warmup_steps` in
+  [0, steps / 5] for warmup_cosine and `optim.pct_start` in [0.1, 0.5] for onecycle;
+* `train.global_batch` x 1/2, 1 or 2 (kept >= the process count).
+
+The study lives in the run store's own SQLite file (Optuna's tables beside tandem's,
+`optuna.load_study(study_name=SESSION, storage="sqlite:///runs/tandem.db")`). Every trial
+is also mirrored to the run store's tune_trials table under the session's run id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tandem.config import parse_target
+from tandem.monitor.store import RunStore, environment
+from tandem.tune import planfile
+from tandem.tune.command import decision_table, parse_duration, runner_from
+from tandem.tune.session import Record, TuneResult, session_id
+from tandem.tune.space import flatten, known_keys
+from tandem.tune.trial import RunOutcome, TrialRunner, _kill_group, plan_toml
+
+PENALTY = 2.0
+POLL_S = 1.0
+
+
+def space(trial: Any, global_batch: int, steps: int, world: int) -> dict[str, Any]:
+    """The changes one Optuna trial proposes (see the module docstring)."""
+    keys = known_keys()
+    changes: dict[str, Any] = {}
+    if {"optim.lr_scaling", "optim.reference_batch"} <= keys:
+        scale = trial.suggest_float("lr_multiplier", 0.25, 4.0, log=True)
+        changes["optim.lr_scaling"] = "linear"
+        changes["optim.reference_batch"] = max(1, round(global_batch / scale))
+    if "optim.schedule" in keys:
+        schedule = trial.suggest_categorical("schedule",
+                                             ["constant", "warmup_cosine", "onecycle"])
+        changes["optim.schedule"] = schedule
+        if schedule == "warmup_cosine":
+            changes["optim.warmup_steps"] = trial.suggest_int("warmup_steps", 0,
+                                                              max(1, steps // 5))
+        if schedule == "onecycle":
+            changes["optim.pct_start"] = round(trial.suggest_float("pct_start", 0.1, 0.5), 3)
+    if "train.global_batch" in keys:
+        factor = trial.suggest_categorical("batch_factor", [0.5, 1.0, 2.0])
+        batch = max(world, int(global_batch * factor) // world * world)
+        changes["train.global_batch"] = batch
+        if "optim.reference_batch" in changes:  # the multiplier is of the task's own lr
+            changes["optim.reference_batch"] = max(
+                1, round(changes["optim.reference_batch"] * batch / global_batch))
+    return changes
+
+
+def objective_of(summary: dict[str, Any]) -> tuple[float, bool]:
+    """(seconds to minimise, whether the target was reached) from a run's summary."""
+    reached = summary.get("time_to_target_s")
+    if reached is not None:
+        return float(reached), True
+    train_s = float(summary.get("wall_time_s") or 0.0)
+    return PENALTY * max(train_s, 1e-3), False
+
+
+def _distance(value: float, op: str, goal: float) -> float:
+    return goal - value if op == ">=" else value - goal
+
+
+def _run_pruned(runner: TrialRunner, name: str, changes: dict[str, Any], steps: int,
+                log_every: int, eval_every: int, trial: Any, target: tuple[str, str, float]
+                ) -> tuple[RunOutcome, bool]:
+    """Run one trial, reporting evaluations to Optuna; (outcome, pruned)."""
+    runner.work_dir.mkdir(parents=True, exist_ok=True)
+    plan_file = runner.work_dir / f"{name}.toml"
+    plan_file.write_text(plan_toml({**runner.base_plan, **changes}, [f"hparams trial {name}"]))
+    cmd = runner.command(name, plan_file, steps, log_every, "", list(changes))
+    cmd[cmd.index("--train.eval_every") + 1] = str(eval_every)
+    metric, op, goal = target
+    started, reported, pruned = time.monotonic(), set(), False
+    with (runner.work_dir / f"{name}.log").open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **runner.env}, start_new_session=True)
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            for step, value in _evaluations(runner.store_path, name, metric):
+                if step not in reported and math.isfinite(value):
+                    reported.add(step)
+                    trial.report(_distance(value, op, goal), step)
+                    if trial.should_prune():
+                        pruned = True
+            if pruned or time.monotonic() - started > runner.timeout_s:
+                _kill_group(proc)
+                break
+    outcome = runner.read(name)
+    outcome.wall_s = time.monotonic() - started
+    return outcome, pruned
+
+
+def _evaluations(store_path: Path, name: str, metric: str) -> list[tuple[int, float]]:
+    if not store_path.is_file():
+        return []
+    with RunStore(store_path) as store:
+        try:
+            rid = store.run(name)["run_id"]
+        except ValueError:
+            return []
+        return [(m["step"], m["value"]) for m in store.metrics(rid, name=metric)]
+
+
+def run(ns: argparse.Namespace, console: Console) -> int:
+    """`tandem tune --hparams ...`: returns the exit status."""
+    try:
+        import optuna
+    except ImportError:
+        raise ValueError("--hparams needs Optuna: pip install -e '.[tune]'") from None
+    budget = parse_duration(ns.budget)
+    runner = runner_from(ns)
+    session = session_id(ns.script) + "-hp"
+    started = time.monotonic()
+    steps, log_every = ns.steps, ns.log_every
+    eval_every = max(1, steps // 6)
+    records: list[Record] = []
+
+    def record(tid: str, label: str, status: str, changes: dict, figures: dict,
+               decision: str) -> None:
+        rec = Record(tid, label, "hparams", status, changes, figures, decision)
+        records.append(rec)
+        with RunStore(runner.store_path) as store:
+            store.log_trial(session, tid, changes, status,
+                            {"label": label, "kind": "hparams", **figures}, decision)
+        console.print(f"[{tid}] {label}: {status} - {decision}", highlight=False,
+                      markup=False)
+
+    with RunStore(runner.store_path) as store:
+        store.start_run(session, f"tune-{Path(ns.script).stem}",
+                        {"tune": {"mode": "hparams", "budget_s": budget, "steps": steps,
+                                  "n_trials": ns.n_trials}, "script": runner.script,
+                         "script_args": runner.script_args, "nproc": runner.nproc},
+                        dict(runner.base_plan), environment(world_size=runner.nproc))
+    # The current hyper-parameters first: the reference, and the config to search around.
+    base = runner.run(f"{session}-r000-baseline", {}, steps, log_every)
+    if not base.ok:
+        _finish(runner, session, "failed", {"error": base.error})
+        raise RuntimeError(f"the baseline run failed: {base.error}")
+    with RunStore(runner.store_path) as store:
+        config = store.run(base.run_id)["config"]
+    if not config["train"]["target"]:
+        _finish(runner, session, "failed", {"error": "no train.target"})
+        raise ValueError("--hparams minimises the time to train.target; set it, e.g. "
+                         "--train.target 'accuracy>=0.9'")
+    target = parse_target(config["train"]["target"])
+    base_value, base_hit = objective_of(base.summary)
+    record("00", "baseline", "measured", {}, {"objective_s": base_value, "reached": base_hit,
+                                                 "runs": [base.run_id]},
+           f"time to target {base_value:.2f} s" if base_hit else
+           f"target not reached in {steps} steps (penalised {base_value:.2f} s)")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{runner.store_path}")
+    study = optuna.create_study(
+        study_name=session, storage=storage, direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=0),
+        pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=eval_every))
+    global_batch = int(config["train"]["global_batch"])
+
+    def objective(trial: Any) -> float:
+        changes = space(trial, global_batch, steps, runner.nproc)
+        tid = f"{trial.number + 1:02d}"
+        label = ", ".join(f"{k}={v}" for k, v in changes.items())
+        out, pruned = _run_pruned(runner, f"{session}-r{trial.number + 1:03d}", changes,
+                                  steps, log_every, eval_every, trial, target)
+        figures = {"runs": [out.run_id], "params": trial.params, "wall_s": out.wall_s}
+        if pruned:
+            record(tid, label, "pruned", changes, figures,
+                   "its evaluations lag the median of earlier trials (MedianPruner)")
+            raise optuna.TrialPruned()
+        if not out.ok:
+            record(tid, label, "failed", changes, {**figures, "error": out.error},
+                   f"the trial failed: {out.error}")
+            raise optuna.TrialPruned()  # a failure must not stop the study
+        value, hit = objective_of(out.summary)
+        trial.set_user_attr("changes", changes)
+        record(tid, label, "complete", changes,
+               {**figures, "objective_s": value, "reached": hit},
+               (f"time to target {value:.2f} s" if hit else
+                f"target not reached (penalised {value:.2f} s)")
+               + f"; baseline {base_value:.2f} s")
+        return value
+
+    def stop_when_spent(study: Any, trial: Any) -> None:
+        if time.monotonic() - started + max(base.wall_s, 1.0) > budget:
+            study.stop()
+
+    study.optimize(objective, n_trials=ns.n_trials, callbacks=[stop_when_spent],
+                   catch=(Exception,))
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = min(done, key=lambda t: t.value) if done else None
+    changes: dict[str, Any] = {}
+    evidence: dict[str, str] = {}
+    if best is not None and best.value < base_value * (1 - ns.min_gain):
+        current = flatten(config)
+        changes = {k: v for k, v in best.user_attrs["changes"].items() if current.get(k) != v}
+        why = (f"hparams trial {best.number + 1:02d}: time to target {best.value:.2f} s vs "
+               f"{base_value:.2f} s for the current settings (one run each)")
+        evidence = dict.fromkeys(changes, why)
+    result = TuneResult(session_id=session, changes=changes, records=records,
+                        trials=len(study.trials), wall_s=time.monotonic() - started,
+                        speedup=None, findings=[], baseline=None, evidence=evidence)
+    _finish(runner, session, "completed", {"chosen": changes, "trials": len(study.trials),
+                                          "wall_s": result.wall_s,
+                                          "best_objective_s": best.value if best else None,
+                                          "baseline_objective_s": base_value,
+                                          "evidence": evidence})
+    path = planfile.write(Path(ns.out), planfile.render(result, ns.script, runner.nproc,
+                                                        ns.store, ns.min_gain))
+    console.print(decision_table(records, f"hparams session {session}"))
+    console.print(f"plan written to {path}; Optuna study {session!r} in "
+                  f"{runner.store_path}")
+    return 0
+
+
+def _finish(runner: TrialRunner, session: str, status: str, summary: dict) -> None:
+    with RunStore(runner.store_path) as store:
+        store.finish_run(session, status, summary)

@@ -1,0 +1,184 @@
+"""One trial run: `tandem run` in a subprocess under a plan file, its figures from the store.
+
+Each run is a real job in a real process group, launched exactly as a user would
+launch it (`tandem run --nproc-per-node N --plan TRIAL.toml script ...`), with a
+timeout. A crash, an out-of-memory kill, a hang or a nonzero exit becomes a failed
+`RunOutcome` that says why; it never raises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tandem.config import _toml_value
+from tandem.monitor.store import RunStore
+from tandem.tune import shim
+from tandem.tune.space import DATA_CONTROL
+
+# Flags every trial sets itself; the same flags among the script's own are dropped.
+OWN_FLAGS = ("train.steps", "monitor.log_every", "run.dir", "run.name", "run.resume",
+             "monitor.store", "monitor.progress", "checkpoint.at_end", "checkpoint.every",
+             "train.eval_every")
+TAIL_CHARS = 2000
+
+
+@dataclass
+class RunOutcome:
+    """What one trial run produced."""
+
+    name: str
+    ok: bool
+    run_id: str = ""
+    rates: list[float] = field(default_factory=list)  # samples/s per logging window
+    losses: list[tuple[int, float]] = field(default_factory=list)  # (step, window loss)
+    wall_s: float = 0.0
+    error: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_toml(changes: Mapping[str, Any], header: Sequence[str] = ()) -> str:
+    """A plan file holding `changes` ({'data.workers': 2}), grouped by section."""
+    by_section: dict[str, list[tuple[str, Any]]] = {}
+    for key, value in changes.items():
+        section, _, name = key.partition(".")
+        by_section.setdefault(section, []).append((name, value))
+    lines = [f"# {h}" for h in header]
+    for section, items in by_section.items():
+        lines += ["", f"[{section}]"] + [f"{n} = {_toml_value(v)}" for n, v in items]
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def strip_flags(args: Sequence[str], keys: Sequence[str]) -> list[str]:
+    """The script flags without `--key VALUE` / `--key=VALUE` for each of `keys`."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        key = arg[2:].partition("=")[0] if arg.startswith("--") else None
+        if key in keys:
+            i += 1 if "=" in arg else 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def flag_keys(args: Sequence[str]) -> list[str]:
+    """The config keys the script flags set (`--train.steps 5` -> 'train.steps')."""
+    return [a[2:].partition("=")[0] for a in args if a.startswith("--") and "." in a]
+
+
+@dataclass
+class TrialRunner:
+    """Launches trial runs of one script and reads them back from the run store."""
+
+    script: str
+    script_args: list[str]
+    nproc: int
+    work_dir: Path
+    store_path: Path
+    base_plan: dict[str, Any] = field(default_factory=dict)  # the user's --plan, flat
+    timeout_s: float = 300.0
+    env: dict[str, str] = field(default_factory=dict)
+    runs: int = 0  # runs launched so far
+
+    def command(self, name: str, plan_file: Path, steps: int, log_every: int,
+                control: str, drop: Sequence[str]) -> list[str]:
+        """The `tandem run` command line of one trial run."""
+        args = strip_flags(self.script_args, [*OWN_FLAGS, *drop])
+        script = [self.script]
+        if control == DATA_CONTROL:
+            script = [shim.__file__, self.script]
+        return [sys.executable, "-m", "tandem.cli", "run", "--nproc-per-node", str(self.nproc),
+                "--plan", str(plan_file), *script, *args,
+                "--train.steps", str(steps), "--monitor.log_every", str(log_every),
+                "--run.dir", str(self.work_dir / "runs"), "--run.name", name,
+                "--run.resume", "never", "--monitor.store", str(self.store_path),
+                "--monitor.progress", "off", "--checkpoint.at_end", "false",
+                "--checkpoint.every", "0", "--train.eval_every", "0"]
+
+    def run(self, name: str, changes: Mapping[str, Any], steps: int, log_every: int,
+            control: str = "") -> RunOutcome:
+        """Run the script for `steps` steps under base plan + `changes`; never raises."""
+        self.runs += 1
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        plan = {**self.base_plan, **changes}
+        plan_file = self.work_dir / f"{name}.toml"
+        plan_file.write_text(plan_toml(plan, [f"trial run {name}"]))
+        # A script flag would win over the plan file: drop those the trial changes.
+        cmd = self.command(name, plan_file, steps, log_every, control, list(changes))
+        log_file = self.work_dir / f"{name}.log"
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               **self.env}
+        started = time.monotonic()
+        error = ""
+        with log_file.open("w") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                code = None
+                error = f"timed out after {self.timeout_s:.0f} s (killed)"
+        wall = time.monotonic() - started
+        if code is not None and code != 0:
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            error = f"{how}: {_tail(log_file)}"
+        outcome = self.read(name)
+        outcome.wall_s = wall
+        if error:
+            outcome.ok, outcome.error = False, error
+        elif not outcome.rates:
+            outcome.ok = False
+            outcome.error = outcome.error or f"no throughput recorded: {_tail(log_file)}"
+        return outcome
+
+    def read(self, name: str) -> RunOutcome:
+        """The figures run `name` left in the store (ok=False when there are none)."""
+        if not self.store_path.is_file():
+            return RunOutcome(name, ok=False, error="no run store was written")
+        with RunStore(self.store_path) as store:
+            try:
+                run = store.run(name)
+            except ValueError:
+                return RunOutcome(name, ok=False, error="the run never started")
+            rid = run["run_id"]
+            rates = [m["value"] for m in store.metrics(rid, name="samples_per_s", rank=-1)]
+            losses = [(m["step"], m["value"]) for m in store.metrics(rid, name="loss", rank=-1)]
+        return RunOutcome(name, ok=run["status"] == "completed", run_id=rid,
+                          rates=[r for r in rates if math.isfinite(r)], losses=losses,
+                          summary=run.get("summary") or {},
+                          error="" if run["status"] == "completed" else
+                          f"run status {run['status']}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the trial's process group (launcher and ranks), then SIGKILL."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip() and "│" not in ln]
+    return " | ".join(lines[-6:])[-TAIL_CHARS:]
