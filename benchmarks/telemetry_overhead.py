@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = {"mnist1d_cnn": 400, "char_lm": 60}  # steps per run
+EXAMPLES = {"mnist1d_cnn": 400, "char_lm": 150}  # steps per run
 OFF = ["--monitor.timing", "false", "--monitor.calibrate_at", "0", "--fault.heartbeat_s", "0"]
 
 
