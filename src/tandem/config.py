@@ -80,6 +80,11 @@ class PlanConfig:
     )
     device: Literal["auto", "cpu", "cuda"] = _doc("auto", "device (auto: cuda when available)")
     timeout_s: float = _doc(300.0, "collective timeout in seconds")
+    malloc_threshold_mb: float = _doc(
+        16.0, "glibc hosts: allocations up to this size are reused from the heap instead of "
+        "being mapped and unmapped (page-faulted) each step; 0 keeps glibc's adaptive "
+        "threshold (at most 32; MALLOC_MMAP_THRESHOLD_ in the environment wins)"
+    )
     comm_hook: Literal["none", "fp16", "bf16", "powersgd", "topk", "hierarchical"] = _doc(
         "none", "DDP gradient communication: none (fp32 all-reduce); fp16 / bf16 (half the "
         "bytes; bf16 needs nccl); powersgd, topk (lossy, with error feedback); hierarchical "
@@ -248,6 +253,7 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "optim.momentum_min": (0, "a number in [0, 1)"),
     "optim.momentum_max": (0, "a number in [0, 1)"),
     "plan.tp": (1, "an integer >= 1"),
+    "plan.malloc_threshold_mb": (0, "a number in [0, 32]"),
     "checkpoint.every": (0, "an integer >= 0"),
     "checkpoint.keep": (0, "an integer >= 0"),
     "monitor.log_every": (1, "an integer >= 1"),
@@ -361,6 +367,9 @@ def validate(config: Config) -> Config:
     if config.optim.momentum_min > config.optim.momentum_max or config.optim.momentum_max >= 1:
         raise ValueError(f"optim.momentum_min {config.optim.momentum_min} / momentum_max "
                          f"{config.optim.momentum_max}: need 0 <= min <= max < 1")
+    if config.plan.malloc_threshold_mb > 32:
+        raise ValueError(f"plan.malloc_threshold_mb: {config.plan.malloc_threshold_mb} is above "
+                         "glibc's limit of 32 (MiB)")
     if config.plan.tp > 1 and config.plan.strategy not in ("auto", "ddp"):
         raise ValueError(f"plan.tp: {config.plan.tp} combines tensor parallelism with plain "
                          f"data parallelism; plan.strategy {config.plan.strategy!r} does not "

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import hashlib
 import logging
 import os
 import random
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -104,6 +106,31 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
     return dist.PrefixStore(f"tandem/attempt{attempt}/group{_GROUPS_STARTED}", store)
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
+def tune_host_allocator(threshold_mb: float) -> bool:
+    """Let glibc keep freed host blocks up to `threshold_mb` for reuse. Returns whether set.
+
+    glibc maps blocks above its mmap threshold (128 KiB at first, raised only after such
+    a block is freed) straight from the kernel and unmaps them on free, so every step's
+    activations and gradients of that size are page-faulted in again: on the MNIST-1D
+    example that made the forward pass 40% slower until something happened to raise the
+    threshold. A fixed threshold (and a trim threshold twice as high) ends it. Skipped
+    off Linux, off glibc, for 0, and when MALLOC_MMAP_THRESHOLD_ is set.
+    """
+    if threshold_mb <= 0 or not sys.platform.startswith("linux"):
+        return False
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    size = int(threshold_mb * 2**20)
+    return bool(mallopt(_M_MMAP_THRESHOLD, size)) and bool(mallopt(_M_TRIM_THRESHOLD, 2 * size))
+
+
 def start(plan: PlanConfig) -> Runtime:
     """Detect the launch, initialise the process group when needed, pick the device.
 
@@ -119,6 +146,7 @@ def start(plan: PlanConfig) -> Runtime:
             f"WORLD_SIZE={world_size} but MASTER_ADDR is not set; launch with "
             "`tandem run --nproc-per-node N script.py` or torchrun"
         )
+    tune_host_allocator(plan.malloc_threshold_mb)
     device = _pick_device(plan, local_rank)
     owns_group = False
     store = None
@@ -181,7 +209,14 @@ def seed_step(seed: int, rank: int, step: int) -> None:
 
 
 def seed_all(value: int) -> None:
-    """Seed torch, numpy and random with one value."""
-    torch.manual_seed(value)
+    """Seed torch, numpy and random with one value.
+
+    Called every step: torch.manual_seed visits every device type's generators (about
+    130 us on CPU), so the CPU generator is seeded directly and CUDA's only once CUDA
+    is in use (both are what torch.manual_seed would seed here).
+    """
+    torch.default_generator.manual_seed(value)
+    if torch.cuda.is_initialized():
+        torch.cuda.manual_seed_all(value)
     random.seed(value)
     np.random.seed(value & 0xFFFFFFFF)

@@ -36,7 +36,7 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
 
 
 def measure_matmul(device: torch.device, precision: str, size: int = 512,
-                   seconds: float = 0.2) -> float:
+                   seconds: float = 0.1) -> float:
     """Best sustained FLOP/s of square matmuls on this device (a short calibration)."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     if device.type == "cpu" and dtype != torch.float32:
