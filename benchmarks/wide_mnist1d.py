@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "src"))
 
+from mnist1d_cnn import accuracy, loss  # noqa: E402  (the example's loss and metric)
 from mnist1d_model import MNIST1D  # noqa: E402
 
 import tandem  # noqa: E402
@@ -66,16 +67,6 @@ def make_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     rest = [p for p in params if p.ndim <= 1]
     groups = [{"params": decay, "weight_decay": 0.05}, {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.99))
-
-
-def loss(logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Mean cross-entropy over the batch."""
-    return nn.functional.cross_entropy(logits, batch[1])
-
-
-def accuracy(logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Fraction of the batch classified correctly."""
-    return (logits.argmax(1) == batch[1]).float().mean()
 
 
 task = tandem.Task(
