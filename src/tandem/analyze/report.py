@@ -131,14 +131,18 @@ def render_html(store: RunStore, run_id: str) -> str:
               *panels.optimizer_panels(groups)]
     charts = [c for c in charts if c]
     summary = run.get("summary") or {}
-    body = [
-        _header(run, findings), html.kpis(_kpi_items(run, head)),
-        trials_html(store.trials(run["run_id"])),
+    trials = store.trials(run["run_id"])
+    # A tune session records decisions, not training: its trials' runs hold the curves.
+    training = [
         "<h2>Diagnosis</h2>", findings_html(findings),
         "<h2>Curves</h2>",
         f'<div class="grid">{"".join(charts)}</div>' if charts
         else '<p class="empty">no metrics recorded</p>',
         "<h2>Events</h2>", _events_table(events),
+    ] if metrics or not trials else []
+    body = [
+        _header(run, findings), html.kpis(_kpi_items(run, head)),
+        trials_html(trials), *training,
         "<h2>Configuration and environment</h2><div class=\"grid\">",
         html.card("Config", html.kv_table(run.get("config") or {})),
         html.card("Plan", html.kv_table(run.get("plan") or {})),
