@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tandem.config_values import parse_ramp, parse_target  # noqa: F401 - re-exported
+
 
 def _doc(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
@@ -113,9 +115,8 @@ class PlanConfig:
         False, "recompute each block's activations in backward instead of keeping them "
         "(less memory, about one more forward of compute)"
     )
-    compile: bool = _doc(
-        False, "torch.compile the model (skipped with a warning where it cannot work)"
-    )
+    compile: bool = _doc(False, "torch.compile the model (skipped with a warning where it "
+                                "cannot work)")
 
 
 @dataclass(kw_only=True)
@@ -367,9 +368,8 @@ def validate(config: Config) -> Config:
     if config.optim.momentum_min > config.optim.momentum_max or config.optim.momentum_max >= 1:
         raise ValueError(f"optim.momentum_min {config.optim.momentum_min} / momentum_max "
                          f"{config.optim.momentum_max}: need 0 <= min <= max < 1")
-    if config.plan.malloc_threshold_mb > 32:
-        raise ValueError(f"plan.malloc_threshold_mb: {config.plan.malloc_threshold_mb} is above "
-                         "glibc's limit of 32 (MiB)")
+    if (mb := config.plan.malloc_threshold_mb) > 32:
+        raise ValueError(f"plan.malloc_threshold_mb: {mb} is above glibc's limit of 32 (MiB)")
     if config.plan.tp > 1 and config.plan.strategy not in ("auto", "ddp"):
         raise ValueError(f"plan.tp: {config.plan.tp} combines tensor parallelism with plain "
                          f"data parallelism; plan.strategy {config.plan.strategy!r} does not "
@@ -408,47 +408,6 @@ def _check_low_communication(config: Config) -> None:
             f"plan.strategy {plan.strategy!r} avoids; use 'skip' (each replica skips its own "
             "bad update) or 'raise'"
         )
-
-
-def parse_ramp(text: str, global_batch: int) -> list[tuple[int, int]]:
-    """Parse train.batch_ramp 'STEP:BATCH,...' into [(step, batch), ...], checked."""
-    pairs: list[tuple[int, int]] = []
-    for part in text.split(","):
-        step, colon, batch = part.strip().partition(":")
-        try:
-            pairs.append((int(step), int(batch)))
-        except ValueError:
-            raise ValueError(f"train.batch_ramp: {part.strip()!r} is not STEP:BATCH "
-                             "(e.g. '0:32,100:64,200:128')") from None
-        if not colon:
-            raise ValueError(f"train.batch_ramp: {part.strip()!r} is not STEP:BATCH")
-    if pairs[0][0] != 0:
-        raise ValueError(f"train.batch_ramp: the first entry must be at step 0, not {pairs[0][0]}")
-    for (s0, b0), (s1, b1) in zip(pairs, pairs[1:], strict=False):
-        if s1 <= s0 or b1 < b0:
-            raise ValueError(f"train.batch_ramp: {s0}:{b0} then {s1}:{b1}; steps must rise and "
-                             "batches must not shrink")
-    if any(b < 1 for _, b in pairs):
-        raise ValueError("train.batch_ramp: every batch must be >= 1")
-    if pairs[-1][1] != global_batch:
-        raise ValueError(f"train.batch_ramp: the last batch ({pairs[-1][1]}) must equal "
-                         f"train.global_batch ({global_batch})")
-    return pairs
-
-
-def parse_target(text: str) -> tuple[str, str, float]:
-    """Parse 'metric>=value' or 'metric<=value' into (metric, op, value)."""
-    for op in (">=", "<="):
-        if op in text:
-            metric, _, value = text.partition(op)
-            try:
-                return metric.strip(), op, float(value)
-            except ValueError:
-                break
-    raise ValueError(
-        f"train.target: {text!r} is not a goal; write 'metric>=value' or 'metric<=value', "
-        "e.g. 'accuracy>=0.97' or 'loss<=1.2'"
-    )
 
 
 def _apply_toml(config: Config, path: str | Path, what: str) -> None:

@@ -1,0 +1,44 @@
+"""Parsers of the config's small text values: train.target and train.batch_ramp."""
+
+from __future__ import annotations
+
+
+def parse_ramp(text: str, global_batch: int) -> list[tuple[int, int]]:
+    """Parse train.batch_ramp 'STEP:BATCH,...' into [(step, batch), ...], checked."""
+    pairs: list[tuple[int, int]] = []
+    for part in text.split(","):
+        step, colon, batch = part.strip().partition(":")
+        try:
+            pairs.append((int(step), int(batch)))
+        except ValueError:
+            raise ValueError(f"train.batch_ramp: {part.strip()!r} is not STEP:BATCH "
+                             "(e.g. '0:32,100:64,200:128')") from None
+        if not colon:
+            raise ValueError(f"train.batch_ramp: {part.strip()!r} is not STEP:BATCH")
+    if pairs[0][0] != 0:
+        raise ValueError(f"train.batch_ramp: the first entry must be at step 0, not {pairs[0][0]}")
+    for (s0, b0), (s1, b1) in zip(pairs, pairs[1:], strict=False):
+        if s1 <= s0 or b1 < b0:
+            raise ValueError(f"train.batch_ramp: {s0}:{b0} then {s1}:{b1}; steps must rise and "
+                             "batches must not shrink")
+    if any(b < 1 for _, b in pairs):
+        raise ValueError("train.batch_ramp: every batch must be >= 1")
+    if pairs[-1][1] != global_batch:
+        raise ValueError(f"train.batch_ramp: the last batch ({pairs[-1][1]}) must equal "
+                         f"train.global_batch ({global_batch})")
+    return pairs
+
+
+def parse_target(text: str) -> tuple[str, str, float]:
+    """Parse 'metric>=value' or 'metric<=value' into (metric, op, value)."""
+    for op in (">=", "<="):
+        if op in text:
+            metric, _, value = text.partition(op)
+            try:
+                return metric.strip(), op, float(value)
+            except ValueError:
+                break
+    raise ValueError(
+        f"train.target: {text!r} is not a goal; write 'metric>=value' or 'metric<=value', "
+        "e.g. 'accuracy>=0.97' or 'loss<=1.2'"
+    )
