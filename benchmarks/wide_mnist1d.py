@@ -25,6 +25,7 @@ with a lower peak learning rate (1e-3), which the wide layers need.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterable
@@ -37,8 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "src"))
 
-from mnist1d_cnn import accuracy, loss  # noqa: E402  (the example's loss and metric)
-from mnist1d_model import MNIST1D  # noqa: E402
+import mnist1d_cnn as example  # noqa: E402
 
 import tandem  # noqa: E402
 
@@ -69,14 +69,8 @@ def make_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=LR, betas=(0.9, 0.99))
 
 
-task = tandem.Task(
-    model=make_model,
-    optimizer=make_optimizer,
-    train_data=lambda: MNIST1D(train=True),
-    eval_data=lambda: MNIST1D(train=False),
-    loss=loss,
-    metrics={"accuracy": accuracy},
-)
+# The example's task (data, loss, accuracy) with the wide model and its optimizer.
+task = dataclasses.replace(example.task, model=make_model, optimizer=make_optimizer)
 
 RECIPE = {
     "train.steps": 600,

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from tandem.monitor.detect import Event, HealthDetectors
 from tandem.monitor.phases import PHASES, PhaseClock
 from tandem.monitor.system import SystemSampler
+from tandem.parallel.tensor import local
 
 Row = tuple[int, int, str, float]  # step, rank (-1 = whole job), name, value
 _FIXED = ("loss_sum", "steps", "busy", "samples", "update_sq", "weight_sq", *PHASES, "rss")
@@ -34,10 +35,6 @@ class Window:
     samples_per_s: float
     rows: list[Row] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # a DTensor's own shard
 
 
 class LiveMonitor:
@@ -82,11 +79,11 @@ class LiveMonitor:
     @staticmethod
     def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
         """This rank's part of the weights before an update (one copy, once per window)."""
-        return [_local(p).detach().clone() for p in params]
+        return [local(p).detach().clone() for p in params]
 
     def update_sizes(self, before: list[torch.Tensor], params: list[torch.Tensor]) -> None:
         """Keep |w_after - w_before|^2 and |w_before|^2 over this rank's part (no sync)."""
-        after = [_local(p).detach() for p in params]
+        after = [local(p).detach() for p in params]
         if not after:
             return
         diffs = torch._foreach_sub(after, before)
