@@ -14,8 +14,8 @@ from tandem.config import reference
 
 
 def _store_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default="runs/tandem.db",
-                        help="the run store (default: runs/tandem.db)")
+    parser.add_argument("--store", default=None,
+                        help="the run store (default: $TANDEM_STORE, else runs/tandem.db)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,18 +42,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _open_store(path: str):  # noqa: ANN202 - RunStore, imported lazily for a fast `run`
-    from tandem.monitor.store import RunStore
+def _open_store(given: str | None):  # noqa: ANN202 - RunStore, imported lazily
+    from tandem.monitor.store import RunStore, store_location
 
-    if not Path(path).is_file():
+    path = store_location(given)
+    if not path.is_file():
         raise ValueError(f"--store: no run store at {path!r}; runs write one to "
                          "<run.dir>/tandem.db")
     return RunStore(path)
 
 
-def _list_runs(store_path: str, console: Console) -> None:
+def _list_runs(store_path: str | None, console: Console) -> None:
     with _open_store(store_path) as store:
-        table = Table(title=f"runs in {store_path}")
+        table = Table(title=f"runs in {store.path}")
         for column in ("run id", "name", "status", "world", "steps", "final loss"):
             table.add_column(column)
         for run in store.runs():

@@ -117,6 +117,13 @@ class PlanConfig:
     )
     compile: bool = _doc(False, "torch.compile the model (skipped with a warning where it "
                                 "cannot work)")
+    init: Literal["eager", "deferred"] = _doc(
+        "eager", "eager: build the whole model on every process, as the task's factory "
+        "initialises it; deferred: build it on the meta device, spread it (fsdp, tp), then "
+        "initialise only this process's part, each module by its reset_parameters() seeded "
+        "by run.seed and its name (the same weights at any process count; for models larger "
+        "than one process's memory)"
+    )
 
 
 @dataclass(kw_only=True)
@@ -160,6 +167,10 @@ class CheckpointConfig:
     every: int = _doc(0, "checkpoint every N steps (0: only at the end)")
     keep: int = _doc(2, "committed checkpoints to keep (0: all)")
     at_end: bool = _doc(True, "checkpoint after the last step")
+    async_save: bool = _doc(
+        True, "write checkpoints in the background: the step waits only while the state is "
+        "copied to host memory (one save in flight at a time)"
+    )
 
 
 @dataclass(kw_only=True)

@@ -29,6 +29,26 @@ def parse_ramp(text: str, global_batch: int) -> list[tuple[int, int]]:
     return pairs
 
 
+TARGET_SLACK = 1e-6  # relative tolerance of train.target comparisons (float32 metrics)
+
+
+def target_met(target: tuple[str, str, float], values: dict[str, float]) -> float | None:
+    """The target metric's value if `values` meet `target` (from `parse_target`), else None.
+
+    Metrics are float32 means: 470/500 correct comes out as 0.93999999, which must still
+    count for 'accuracy>=0.94'; a relative slack of 1e-6 absorbs that. Raise ValueError
+    when `values` lack the metric.
+    """
+    metric, op, goal = target
+    value = values.get(metric)
+    if value is None:
+        raise ValueError(f"train.target names {metric!r}, which evaluation does not produce; "
+                         f"it produces {sorted(values)}")
+    slack = TARGET_SLACK * max(1.0, abs(goal))
+    met = (value >= goal - slack) if op == ">=" else (value <= goal + slack)
+    return value if met else None
+
+
 def parse_target(text: str) -> tuple[str, str, float]:
     """Parse 'metric>=value' or 'metric<=value' into (metric, op, value)."""
     for op in (">=", "<="):

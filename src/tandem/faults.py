@@ -10,10 +10,12 @@ a JSON file: a list of faults such as
 kinds: kill (SIGKILL itself), sigterm, sigstop, raise (RuntimeError), nan (the step's
 loss becomes NaN), spike (the step's loss is multiplied by `seconds`, default 1000),
 slow (sleep `seconds`), corrupt (flip one byte of the checkpoint just
-written). phases: step (start of a step, the default), data, compute, optim, checkpoint,
-eval. A fault fires in restart attempt `attempt` only (default 0), so a restarted group
-does not die again at the same step, and once per process (a rolled-back run that
-passes the step again does not meet it again). With TANDEM_FAULT_LOG set, each fault
+written). phases: step (start of a step, the default), data, compute, optim,
+checkpoint_write (a save's shards are written, its commit not yet made: in the background
+thread of an asynchronous save), checkpoint (a save committed), eval. A fault fires in
+restart attempt `attempt` only (default 0), so a restarted group does not die again at
+the same step, and once per process (a rolled-back run that passes the step again does
+not meet it again). With TANDEM_FAULT_LOG set, each fault
 appends a JSON line (time, rank, step, phase, kind) to that file before it acts, so a
 benchmark can time detection and restart from the moment of the fault.
 """
@@ -32,7 +34,7 @@ from pathlib import Path
 log = logging.getLogger("tandem")
 
 KINDS = ("kill", "sigterm", "sigstop", "raise", "nan", "spike", "slow", "corrupt")
-PHASES = ("step", "data", "compute", "optim", "checkpoint", "eval")
+PHASES = ("step", "data", "compute", "optim", "checkpoint_write", "checkpoint", "eval")
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tandem import parallel
 from tandem.analyze.scaling import scaling_figures
 from tandem.config import Config, load, parse_args, reference, validate
 from tandem.monitor.progress import Reporter
 from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.monitor.sinks import Fanout, open_sinks
-from tandem.parallel import fsdp
+from tandem.monitor.store import store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
 from tandem.trainer.guard import Preempted
-from tandem.trainer.loop import Trainer
+from tandem.trainer.loop import Trainer, export_model
 from tandem.trainer.rundir import prepare_run_dir
 
 log = logging.getLogger("tandem")
@@ -35,7 +34,10 @@ log = logging.getLogger("tandem")
 class RunResult:
     """What `fit` hands back: the trained module and the run's summary."""
 
-    model: nn.Module  # the user's module (unwrapped), on this process's device
+    # The user's module with the trained weights, on this process's device; None under
+    # plan.init "deferred" with fsdp (the model need not fit in one process: its weights
+    # are in the run's checkpoints).
+    model: nn.Module | None
     summary: dict[str, Any]
     run_dir: Path
 
@@ -90,9 +92,18 @@ def _run(task: Task, config: Config) -> RunResult:
     runtime = start(config.plan)
     _setup_logging(runtime)
     try:
-        return _fit(task, config, runtime, name)
-    finally:
-        stop(runtime)
+        result = _fit(task, config, runtime, name)
+    except Preempted:
+        stop(runtime)  # every rank agreed to stop here: a clean teardown
+        raise
+    except BaseException:
+        # This rank failed, perhaps alone: the others may be inside a collective, and a
+        # barrier would wait for them until the timeout. Leave at once; the launcher
+        # stops the others when this process exits.
+        stop(runtime, clean=False)
+        raise
+    stop(runtime)
+    return result
 
 
 def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
@@ -102,13 +113,12 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
     try:
         return _train(trainer, config, runtime, name)
     except (dist.DistError, RuntimeError) as err:
-        if not runtime.distributed:
-            raise
-        # Gloo reports a timed-out collective as a plain RuntimeError ("Application
-        # timeout caused pair closure"): with the liveness records the message names
-        # the rank that stopped answering, and where it was.
-        raise RuntimeError(f"{type(err).__name__}: {err}\nranks last seen: "
-                           f"{trainer.describe_ranks()}") from err
+        if runtime.distributed:
+            # Gloo reports a timed-out collective as a plain RuntimeError ("Application
+            # timeout caused pair closure"): the liveness records name the rank that
+            # stopped answering, and where it was. The error keeps its own type.
+            err.add_note(f"ranks last seen: {trainer.describe_ranks()}")
+        raise
     finally:
         trainer.close()
 
@@ -118,13 +128,13 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> Run
     found = trainer.resume()
     recorder: Recorder | Fanout | None = None
     if runtime.is_main:
-        trainer.state.run_id = trainer.state.run_id or new_run_id(name)
+        trainer.progress.run_id = trainer.progress.run_id or new_run_id(name)
         # Sinks first: a busy port must not leave a run recorded as running.
         sinks = open_sinks(tensorboard=config.monitor.tensorboard,
                            prometheus_port=config.monitor.prometheus_port,
                            prometheus_host=config.monitor.prometheus_host,
-                           run_id=trainer.state.run_id, run_dir=run_dir)
-        recorder = Recorder(store_path(config), trainer.state.run_id, name, config.to_dict(),
+                           run_id=trainer.progress.run_id, run_dir=run_dir)
+        recorder = Recorder(store_path(config), trainer.progress.run_id, name, config.to_dict(),
                             trainer.plan(), str(runtime.device), runtime.world_size)
         if sinks:
             recorder = Fanout(recorder, *sinks)
@@ -146,11 +156,10 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> Run
                            "raise train.steps to continue or pick another run.name")
         summary = trainer.run(reporter)
         if runtime.is_main:
-            summary.update(_scaling(config, trainer.state.run_id, summary, runtime.world_size))
+            summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = "completed"
-        return RunResult(model=detached_model(trainer, runtime), summary=summary,
-                         run_dir=run_dir)
+        return RunResult(model=export_model(trainer), summary=summary, run_dir=run_dir)
     except Preempted:
         status = "preempted"
         raise
@@ -167,23 +176,6 @@ def _scaling(config: Config, run_id: str, summary: dict[str, Any],
     except Exception as err:  # an analysis must never fail the run it describes
         log.warning("scaling efficiency: %s", err)
         return {}
-
-
-def detached_model(trainer: Trainer, runtime: Runtime) -> nn.Module:
-    """The trained weights in a fresh module that owes nothing to the process group.
-
-    The process group ends with fit(). A DDP module's parameters carry the reducer's
-    autograd hooks (which hold the group) and FSDP2 parameters are shards of it: either,
-    outliving the group, can abort the process at exit. All ranks.
-    """
-    model = trainer.model
-    if not runtime.distributed:
-        return parallel.unwrap(model)
-    fresh = trainer.task.model().to(runtime.device)
-    if fsdp.is_sharded(model) or trainer.strategy == "tp":  # DTensor parameters
-        return fsdp.gather(model, fresh)
-    fresh.load_state_dict(parallel.unwrap(model).state_dict())
-    return fresh
 
 
 def check_same_config(config: Config, runtime: Runtime) -> None:
@@ -205,7 +197,5 @@ def check_same_config(config: Config, runtime: Runtime) -> None:
 
 
 def store_path(config: Config) -> Path:
-    """Where the run store lives: `monitor.store`, or `<run.dir>/tandem.db`."""
-    if config.monitor.store:
-        return Path(config.monitor.store).expanduser().resolve()
-    return Path(config.run.dir).expanduser().resolve() / "tandem.db"
+    """Where this run is recorded (see `store_location`)."""
+    return store_location(config.monitor.store or None, config.run.dir)

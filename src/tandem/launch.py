@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tandem.trainer.guard import PREEMPTED_EXIT_CODE
+from tandem.trainer.guard import PREEMPTED_EXIT_CODE, STATUS_FILE_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +83,7 @@ def launch(ns: argparse.Namespace) -> int:
     cmd = torchrun_command(ns)
     with tempfile.TemporaryDirectory(prefix="tandem-launch-") as tmp:
         status_file = Path(tmp) / "status"
-        env = dict(os.environ, TANDEM_STATUS_FILE=str(status_file))
+        env = dict(os.environ, **{STATUS_FILE_ENV: str(status_file)})
         env.setdefault("OMP_NUM_THREADS", "1")
         if getattr(ns, "plan", None):
             env["TANDEM_PLAN"] = str(Path(ns.plan).resolve())

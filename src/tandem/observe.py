@@ -9,8 +9,8 @@ torchrun, one process per rank) installs process-wide hooks, then runs SCRIPT as
   clock: no collective, no device sync.
 - Every TANDEM_OBSERVE_EVERY steps (default 20) a window closes: on CUDA the device is
   synchronised once, and one `all_gather` of a fixed-size vector per rank brings the
-  figures to rank 0, which writes them into the run store (TANDEM_STORE, default
-  runs/tandem.db here). The gather runs inside the optimizer step, at the same step
+  figures to rank 0, which writes them into the run store (`store_location`: TANDEM_STORE,
+  default runs/tandem.db here). The gather runs inside the optimizer step, at the same step
   count on every rank (DDP ranks step together). Before the script creates its process
   group, and after it destroys it, windows stay local.
 - The batch size comes from the first tensor argument of the outermost
@@ -29,7 +29,6 @@ import logging
 import math
 import os
 import runpy
-import statistics
 import sys
 import time
 import weakref
@@ -47,15 +46,15 @@ from torch.optim.optimizer import (
 )
 
 from tandem.monitor.detect import HealthDetectors
-from tandem.monitor.live import Row, Window
+from tandem.monitor.live import Window
 from tandem.monitor.recorder import Recorder, new_run_id
+from tandem.monitor.store import store_location
+from tandem.monitor.window import Row, gather, gather_device, rank_rows
 
 log = logging.getLogger("tandem")
 
 EVERY_ENV = "TANDEM_OBSERVE_EVERY"
-STORE_ENV = "TANDEM_STORE"
 DEFAULT_EVERY = 20
-DEFAULT_STORE = Path("runs") / "tandem.db"
 # One window of one rank, in this order, as one float64 vector.
 FIELDS = ("steps", "seconds", "backward", "forward", "samples", "rss", "cuda_peak",
           "cuda_total", "timed")
@@ -77,11 +76,6 @@ def observe_every(environ: Mapping[str, str] = os.environ) -> int:
     if every < 1:
         raise ValueError(f"{EVERY_ENV}={text!r}: must be a positive integer (steps per window)")
     return every
-
-
-def store_path(environ: Mapping[str, str] = os.environ) -> Path:
-    """Where the observed run is recorded: TANDEM_STORE, or runs/tandem.db here."""
-    return Path(environ.get(STORE_ENV) or DEFAULT_STORE).expanduser().resolve()
 
 
 def leading_dim(args: Sequence[Any], kwargs: Mapping[str, Any]) -> int:
@@ -239,22 +233,15 @@ class StepObserver:
         if local or not self._gather or not grouped:
             return [mine], [dist.get_rank() if grouped else self.rank]
         self._keep(dist.group.WORLD)
-        world = dist.get_world_size()
-        if world == 1:
-            return [mine], [0]
-        device = torch.device("cpu")
-        if dist.get_backend() == "nccl":  # NCCL gathers device tensors only
-            device = torch.device("cuda", torch.cuda.current_device())
-        vector = torch.tensor(mine, dtype=torch.float64, device=device)
-        everyone = [torch.empty_like(vector) for _ in range(world)]
+        vector = torch.tensor(mine, dtype=torch.float64, device=gather_device())
         try:
-            dist.all_gather(everyone, vector)
+            table = gather(vector)
         except Exception as err:  # a broken group: stop gathering, keep the script going
             log.warning("observe: the window gather failed at step %d (%s); later windows "
                         "are this rank's only", self.step, err)
             self._gather = False
             return [mine], [dist.get_rank()]
-        return torch.stack(everyone).cpu().tolist(), list(range(world))
+        return table.tolist(), list(range(len(table)))
 
     def close_window(self, local: bool) -> None:
         """End a window: gather (all ranks, unless `local`), rank 0 records it."""
@@ -295,15 +282,10 @@ class StepObserver:
     def _per_rank(step: int, cols: list[dict[str, float]], ranks: list[int],
                   scores: bool) -> list[Row]:
         timed = all(c["timed"] for c in cols)
-        own = [(c["seconds"] - (c["backward"] if timed else 0.0)) / c["steps"] for c in cols]
-        median = statistics.median(own)
-        rows: list[Row] = []
-        for rank, c, mine in zip(ranks, cols, own, strict=True):
-            rows += [(step, rank, "time/step", c["seconds"] / c["steps"]),
-                     (step, rank, "mem/rss_bytes", c["rss"])]
-            if scores:
-                rows.append((step, rank, "straggler/score",
-                             mine / median if median > 0 else 1.0))
+        rows = rank_rows(step, ranks, [c["seconds"] / c["steps"] for c in cols],
+                         [c["backward"] / c["steps"] for c in cols] if timed else None,
+                         [c["rss"] for c in cols], scores=scores)
+        for rank, c in zip(ranks, cols, strict=True):
             if timed:
                 rows += [(step, rank, "time/forward", c["forward"] / c["steps"]),
                          (step, rank, "time/backward_sync", c["backward"] / c["steps"])]
@@ -360,11 +342,11 @@ def _recorder(script: Path, args: list[str], every: int, world: int) -> Recorder
     device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
     config = {"observe": {"script": str(script), "args": args, "every": every}}
     try:
-        return Recorder(store_path(), new_run_id(name), name, config,
+        return Recorder(store_location(), new_run_id(name), name, config,
                         {"mode": "observe", "world_size": world}, device, world)
     except Exception as err:  # an unwritable store must not stop the script
         log.warning("observe: cannot record into %s (%s); the script runs unobserved",
-                    store_path(), err)
+                    store_location(), err)
         return None
 
 

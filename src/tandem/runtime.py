@@ -178,14 +178,17 @@ def start(plan: PlanConfig) -> Runtime:
     )
 
 
-def stop(runtime: Runtime) -> None:
+def stop(runtime: Runtime, clean: bool = True) -> None:
     """Destroy the process group that `start` created (not one the user made).
 
-    The barrier first: destroying a gloo group while its worker thread still finishes
-    an earlier collective can deadlock on the GIL (seen with torch 2.13).
+    `clean`: all ranks stop together, so a barrier comes first: destroying a gloo group
+    while its worker thread still finishes an earlier collective can deadlock on the
+    GIL (seen with torch 2.13). After a failure on this rank alone there is no barrier
+    (the others may wait in another collective until the timeout).
     """
     if runtime.owns_group and dist.is_initialized():
-        dist.barrier()
+        if clean:
+            dist.barrier()
         # FSDP2 modules hold their group in reference cycles; freed only at exit, after
         # the group is gone, gloo sometimes aborts the process. Free them now.
         gc.collect()

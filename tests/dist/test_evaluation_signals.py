@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import tandem
-from tandem import parallel
+from tandem.parallel.ddp import DDPStrategy
 from tandem.analyze.diagnose import diagnose
 from tandem.monitor.store import RunStore
 from tests.dist import toy_task
@@ -36,20 +36,20 @@ def _fit(rank: int, world: int, out: str, case: str) -> None:
         task = tandem.Task(model=toy_task.make_model, optimizer=toy_task.make_optimizer,
                            train_data=SlowData, loss=toy_task.loss)
     elif case == "comm":
-        wrap = parallel.wrap
+        wrap = DDPStrategy._wrap
 
         def slow_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
             time.sleep(0.03)  # a slow link: the all-reduce cannot hide behind backward
             return dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future().then(
                 lambda fut: fut.value()[0])
 
-        def wrap_slow(*args, **kwargs):  # type: ignore[no-untyped-def]
-            model = wrap(*args, **kwargs)
+        def wrap_slow(self, model):  # type: ignore[no-untyped-def]
+            model = wrap(self, model)
             if isinstance(model, DistributedDataParallel):
                 model.register_comm_hook(None, slow_hook)
             return model
 
-        parallel.wrap = wrap_slow  # type: ignore[assignment]
+        DDPStrategy._wrap = wrap_slow  # type: ignore[method-assign]
     cfg = toy_task.config(out, 40, 40, monitor={"log_every": 5, "calibrate_at": 5},
                           checkpoint={"at_end": False})
     tandem.fit(task, config=cfg)

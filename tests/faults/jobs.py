@@ -16,6 +16,8 @@ from tests.dist import toy_task
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "dist" / "scripts" / "toy_train.py")
+# Checkpoints committed before the next step: which one a fault at step N meets is fixed.
+SYNC_SAVE = ("--checkpoint.async_save", "false")
 
 
 def env(faults: list[dict] | None = None) -> dict[str, str]:

@@ -23,7 +23,8 @@ def test_killed_worker_restarts_and_ends_bit_exact(tmp_path: Path) -> None:
     clean = jobs.run(tmp_path, jobs.command("clean"))
     assert clean.returncode == 0, clean.stderr
     kill = [{"rank": 1, "step": 13, "phase": "compute", "kind": "kill"}]
-    killed = jobs.run(tmp_path, jobs.command("killed", 2, 1), kill)
+    # A synchronous save: the checkpoint of step 10 is committed before step 11 starts.
+    killed = jobs.run(tmp_path, jobs.command("killed", 2, 1, *jobs.SYNC_SAVE), kill)
     assert killed.returncode == 0, killed.stderr
     _assert_same_weights(jobs.final_weights(tmp_path, "clean"),
                          jobs.final_weights(tmp_path, "killed"))
@@ -33,10 +34,27 @@ def test_killed_worker_restarts_and_ends_bit_exact(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_kill_during_a_background_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    # Rank 1 dies after writing its shards of step 10, before the commit: the job
+    # restarts from step 5 (10 never became visible) and still ends bit-exact.
+    kill = [{"rank": 1, "step": 10, "phase": "checkpoint_write", "kind": "kill"}]
+    killed = jobs.run(tmp_path, jobs.command("async", 2, 1), kill)
+    assert killed.returncode == 0, killed.stderr
+    kinds = [(e["kind"], e["step"]) for e in jobs.events(tmp_path, "async")]
+    assert ("resume", 5) in kinds, kinds
+    checkpoints = tmp_path / "runs" / "async" / "checkpoints"
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".tmp-")]
+    clean = jobs.run(tmp_path, jobs.command("clean"))
+    assert clean.returncode == 0, clean.stderr
+    _assert_same_weights(jobs.final_weights(tmp_path, "clean"),
+                         jobs.final_weights(tmp_path, "async"))
+
+
+@pytest.mark.timeout(240)
 def test_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path: Path) -> None:
     faults = [{"rank": 0, "step": 10, "phase": "checkpoint", "kind": "corrupt"},
               {"rank": 1, "step": 13, "phase": "compute", "kind": "kill"}]
-    done = jobs.run(tmp_path, jobs.command("corrupt", 2, 1), faults)
+    done = jobs.run(tmp_path, jobs.command("corrupt", 2, 1, *jobs.SYNC_SAVE), faults)
     assert done.returncode == 0, done.stderr
     assert "skipping bad checkpoint" in done.stderr and "step_000000010" in done.stderr
     kinds = [(e["kind"], e["step"]) for e in jobs.events(tmp_path, "corrupt")]

@@ -24,6 +24,21 @@ def rank() -> int:
     return dist.get_rank() if initialized() else 0
 
 
+def world_size() -> int:
+    """Return the number of processes, 1 without a process group."""
+    return dist.get_world_size() if initialized() else 1
+
+
+def gather_problems(mine: str | None) -> list[str]:
+    """Every rank's problem (None: none), as one list on every rank. All ranks."""
+    if not initialized():
+        return [mine] if mine else []
+    everyone: list[str | None] = [None] * world_size()
+    dist.all_gather_object(everyone, mine)
+    settle()
+    return [p for p in everyone if p]
+
+
 def broadcast_from_zero(value: Any) -> Any:
     """Return rank 0's ``value`` on every rank (a no-op without a process group).
 

@@ -36,25 +36,25 @@ def step_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def is_usable(path: Path) -> bool:
-    """Return True if ``path`` has a manifest whose files are all present with their sizes."""
+def lineage_of(path: Path) -> str | None:
+    """The lineage recorded in ``path``'s manifest if all its files are present (sizes
+    checked), else None: not counted, and never deleted, by retention."""
     try:
-        manifest.verify(path, hashes=False)
+        return str(manifest.verify(path, hashes=False).get("lineage", ""))
     except CheckpointError as err:
         logger.debug("not counted by retention: %s", err)
-        return False
-    return True
+        return None
 
 
-def prune(root: Path, keep: int, newest: Path) -> None:
-    """Delete checkpoints older than the newest ``keep`` usable ones, and stale temp dirs.
+def prune(root: Path, keep: int, newest: Path, lineage: str = "") -> None:
+    """Delete this lineage's checkpoints older than its newest ``keep``; sweep temp dirs.
 
     ``newest`` (the checkpoint just committed) is always kept, and so is everything
     with a higher step (a rolled-back run's future is for the trainer to judge). Only
-    usable checkpoints count towards ``keep``, so a corrupt newer checkpoint never pushes
-    out the last good one; anything, usable or not, older than the oldest kept checkpoint
-    goes. ``keep=0`` keeps every checkpoint. Call on rank 0 only, with no save in flight
-    under root.
+    checkpoints whose manifest names ``lineage`` (the run that wrote them) and whose
+    files are all present count and can be deleted: a damaged checkpoint, or one that
+    another run wrote, is never deleted by retention. ``keep=0`` keeps every checkpoint.
+    Call on rank 0 only, with no save in flight under root.
     """
     for path in root.iterdir():
         if path.name.startswith(TMP_PREFIX) and path.is_dir():
@@ -62,11 +62,11 @@ def prune(root: Path, keep: int, newest: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
     if keep == 0:
         return
-    dirs = step_dirs(root)
-    usable = [path for _, path in dirs if path == newest or is_usable(path)]
-    kept = set(usable[:keep]) | {newest}
-    floor = min(step for step, path in dirs if path in kept)
-    for step, path in dirs:
+    ours = [(step, path) for step, path in step_dirs(root)
+            if path == newest or lineage_of(path) == lineage]
+    kept = {path for _, path in ours[:keep]} | {newest}
+    floor = min(step for step, path in ours if path in kept)
+    for step, path in ours:
         if step < floor and path not in kept:
             logger.info("retention (keep=%d): removing checkpoint %s", keep, path)
             shutil.rmtree(path)
@@ -86,3 +86,8 @@ def set_aside(root: Path, from_step: int) -> list[Path]:
             path.rename(target)
             moved.append(target)
     return moved
+
+
+def discard(tmp: Path) -> None:
+    """Remove an uncommitted temp dir (a failed save's)."""
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -11,6 +11,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from tandem.checkpoint import _dist, layout, manifest
 from tandem.checkpoint.errors import CheckpointError
+from tandem.checkpoint.safe_read import SafeLoadPlanner, SafeReader
 
 logger = logging.getLogger(__name__)
 
@@ -22,33 +23,56 @@ def latest(root: Path, before: int | None = None) -> Path | None:
     """Return the newest committed checkpoint under ``root`` that verifies, or None.
 
     With ``before``, only checkpoints of a step < ``before`` count (a rollback to the
-    state from before a bad step). Must be called on all ranks: rank 0 scans and
-    verifies (sizes and sha256 of every file) and broadcasts the answer. Bad
-    checkpoints are skipped with a warning that names the checkpoint and what is wrong.
+    state from before a bad step). Must be called on all ranks: rank 0 lists the
+    candidates whose manifests and file sizes check out, then all ranks hash the
+    newest one's files together (each a share) and agree; a candidate that fails moves
+    the search to the next. Bad checkpoints are skipped with a warning that names the
+    checkpoint and what is wrong.
     """
-    found = _dist.on_rank_zero(lambda: _scan(Path(root), before))
-    return None if found is None else Path(found)
+    return Path(found) if (found := scan(Path(root), before)[0]) is not None else None
 
 
-def _scan(root: Path, before: int | None) -> str | None:
+def scan(root: Path, before: int | None = None) -> tuple[str | None, list[str]]:
+    """(the newest good checkpoint or None, what was wrong with each newer one). All ranks."""
+    listed = _dist.on_rank_zero(lambda: _candidates(root, before))
+    problems = list(listed["problems"])
+    for path in listed["paths"]:
+        mine = _verify_share(Path(path))
+        found = _dist.gather_problems(mine)
+        if not found:
+            return path, problems
+        for problem in found:
+            logger.warning("skipping bad checkpoint: %s", problem)
+        problems += found
+    return None, problems
+
+
+def _candidates(root: Path, before: int | None) -> dict[str, list[str]]:
     try:
-        candidates = layout.step_dirs(root)
+        dirs = layout.step_dirs(root)
     except OSError as err:
         raise CheckpointError(f"cannot list checkpoint directory {root}: {err}") from err
-    for step, path in candidates:
+    paths, problems = [], []
+    for step, path in dirs:
         if before is not None and step >= before:
             continue
         try:
-            found = manifest.verify(path, hashes=True)
+            found = manifest.verify(path, hashes=False)
+            if found["step"] != step:
+                raise CheckpointError(f"{path}: manifest says step {found['step']}")
         except CheckpointError as err:
             logger.warning("skipping bad checkpoint: %s", err)
+            problems.append(str(err))
             continue
-        if found["step"] != step:
-            logger.warning(
-                "skipping bad checkpoint: %s: manifest says step %s", path, found["step"]
-            )
-            continue
-        return str(path)
+        paths.append(str(path))
+    return {"paths": paths, "problems": problems}
+
+
+def _verify_share(path: Path) -> str | None:
+    try:
+        manifest.verify(path, hashes=True, share=(_dist.rank(), _dist.world_size()))
+    except CheckpointError as err:
+        return str(err)
     return None
 
 
@@ -75,12 +99,15 @@ def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     when the checkpoint does not fit ``state``, CheckpointError when it is unusable.
     """
     path = Path(path)
-    # Sizes only: latest() already hashed it, and hashing again doubles resume time.
+    # Sizes only: latest() already hashed it, and hashing again doubles resume time;
+    # but the metadata, the one file that is unpickled, is hashed right before reading.
     found = manifest.verify(path, hashes=False)
+    manifest.verify_metadata(path, found)
     check_shapes(path, found["shapes"], manifest.tensor_shapes(state))
     try:
         with _dist.single_process_quiet():
-            dcp.load(state, checkpoint_id=path, no_dist=not _dist.initialized())
+            dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(),
+                     no_dist=not _dist.initialized())
     except (Exception, CheckpointException) as err:
         # CheckpointException is a BaseException: it must be named to be caught.
         raise CheckpointError(f"loading checkpoint {path} failed: {err}") from err

@@ -8,6 +8,7 @@ manifest is the last thing written, so its presence marks a finished save.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
 import time
@@ -21,6 +22,7 @@ from tandem.checkpoint.errors import CheckpointError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+KEY_ENV = "TANDEM_CHECKPOINT_KEY"  # HMAC key: manifests are signed, and checked on load
 # DCP's global metadata file; without it DCP cannot load any shard.
 DCP_METADATA = ".metadata"
 _CHUNK = 1 << 20
@@ -60,20 +62,60 @@ def list_files(directory: Path) -> list[str]:
     return sorted(found)
 
 
-def build(directory: Path, step: int, shapes: dict[str, list[int]], meta: Any) -> dict[str, Any]:
+def build(directory: Path, step: int, shapes: dict[str, list[int]], meta: Any,
+          lineage: str = "") -> dict[str, Any]:
     """Hash every file in ``directory`` and return the manifest document for it."""
     files = {}
     for name in list_files(directory):
         path = directory / name
         files[name] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
-    return {
+    return document(step, files, shapes, meta, lineage)
+
+
+def document(step: int, files: dict[str, dict[str, Any]], shapes: dict[str, list[int]],
+             meta: Any, lineage: str = "") -> dict[str, Any]:
+    """The manifest of a checkpoint whose files are already hashed, signed when a key is
+    set (TANDEM_CHECKPOINT_KEY)."""
+    doc = {
         "format": FORMAT,
         "step": step,
         "created": time.time(),
-        "files": files,
+        "lineage": lineage,
+        "files": dict(sorted(files.items())),
         "shapes": shapes,
         "meta": meta,
     }
+    key = signing_key()
+    if key is not None:
+        doc["signature"] = signature(doc, key)
+    return doc
+
+
+def signing_key() -> bytes | None:
+    """The HMAC key from the environment (None: checkpoints are not signed)."""
+    value = os.environ.get(KEY_ENV, "")
+    return value.encode() if value else None
+
+
+def signature(doc: dict[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 of the manifest's canonical JSON (without its signature)."""
+    body = {k: v for k, v in doc.items() if k != "signature"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+
+
+def check_signature(path: Path, doc: dict[str, Any]) -> None:
+    """With a key set, refuse a manifest that is unsigned or signed with another key."""
+    key = signing_key()
+    if key is None:
+        return
+    found = doc.get("signature")
+    if not isinstance(found, str):
+        raise CheckpointError(f"{path}: the manifest is not signed, and {KEY_ENV} is set: "
+                              "refusing an unsigned checkpoint")
+    if not hmac.compare_digest(found, signature(doc, key)):
+        raise CheckpointError(f"{path}: the manifest's signature does not match "
+                              f"{KEY_ENV}: it was changed, or signed with another key")
 
 
 def write(directory: Path, manifest: dict[str, Any]) -> None:
@@ -111,6 +153,7 @@ def read(directory: Path) -> dict[str, Any]:
     except ValueError as err:
         raise CheckpointError(f"{path}: unreadable JSON: {err}") from err
     _check_structure(path, manifest)
+    check_signature(path, manifest)
     return manifest
 
 
@@ -135,18 +178,22 @@ def _check_structure(path: Path, manifest: Any) -> None:
             raise CheckpointError(f"{path}: malformed entry for file {name!r}")
 
 
-def verify(directory: Path, *, hashes: bool = True) -> dict[str, Any]:
+def verify(directory: Path, *, hashes: bool = True,
+           share: tuple[int, int] = (0, 1)) -> dict[str, Any]:
     """Return the manifest if every listed file exists with its size (and hash).
 
     ``hashes=False`` checks only presence and sizes: a stat per file, cheap enough to
-    run on every load and every retention pass. Raise CheckpointError naming the
-    checkpoint, the file and what is wrong.
+    run on every load and every retention pass. ``share=(rank, world)`` hashes only
+    every world-th file from the rank-th on (sorted by name), so that ranks can verify
+    one checkpoint together. Raise CheckpointError naming the checkpoint, the file and
+    what is wrong.
     """
     manifest = read(directory)
     files = manifest["files"]
     if DCP_METADATA not in files:
         raise CheckpointError(f"{directory}: manifest does not list DCP {DCP_METADATA}")
-    for name, entry in files.items():
+    rank, world = share
+    for index, (name, entry) in enumerate(sorted(files.items())):
         path = directory / name
         try:
             size = path.stat().st_size
@@ -159,9 +206,17 @@ def verify(directory: Path, *, hashes: bool = True) -> dict[str, Any]:
                 f"{directory}: size mismatch for {name}: {size} bytes, "
                 f"manifest says {entry['bytes']}"
             )
-        if hashes and _hash_or_raise(directory, name) != entry["sha256"]:
+        mine = index % world == rank
+        if hashes and mine and _hash_or_raise(directory, name) != entry["sha256"]:
             raise CheckpointError(f"{directory}: checksum mismatch for {name}")
     return manifest
+
+
+def verify_metadata(directory: Path, manifest: dict[str, Any]) -> None:
+    """Hash DCP's metadata file right before it is read: it is the one file that is
+    unpickled (restricted), so it must be the file the (signed) manifest lists."""
+    if _hash_or_raise(directory, DCP_METADATA) != manifest["files"][DCP_METADATA]["sha256"]:
+        raise CheckpointError(f"{directory}: checksum mismatch for {DCP_METADATA}")
 
 
 def _hash_or_raise(directory: Path, name: str) -> str:

@@ -1,17 +1,17 @@
 """Atomic checkpoint save: DCP shards into a temp dir, a manifest last, then one rename.
 
-Protocol (all ranks call ``save``):
+Protocol, in three parts that the synchronous `save` runs in a row and the
+CheckpointManager runs in a background thread:
 
-1. rank 0 checks ``meta`` and the root, creates ``root/.tmp-step_N-<token>`` and
-   broadcasts its name, so a bad root fails on every rank before any data is written;
-2. all ranks write their shards there with ``dcp.save`` (which coordinates them);
-3. rank 0 hashes every file, writes ``manifest.json`` (fsync + os.replace), fsyncs the
-   temp dir, renames it to ``root/step_N`` and fsyncs root, then applies retention;
-4. rank 0 broadcasts the outcome, which is the barrier: no rank returns before the
-   commit is visible, and a failed commit raises on every rank.
+1. `prepare_tmp`: the temp dir `root/.tmp-step_N-<token>` (every rank may create it;
+   the token is agreed beforehand, so no collective is needed);
+2. `write_shards` (all ranks): DCP writes every rank's shards; then each rank hashes the
+   files it wrote itself, so hashing is spread over the ranks;
+3. `commit` (rank 0, with every rank's file records): the manifest (fsync + os.replace),
+   a rename of the temp dir to `root/step_N`, an fsync of root, then retention.
 
 A crash at any point leaves either the old set of committed checkpoints or the old set
-plus the new one; temp dirs are never read and are swept by the next save.
+plus the new one; temp dirs are never read and are swept by the next commit.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
@@ -32,62 +33,117 @@ from tandem.checkpoint.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
+Files = dict[str, dict[str, Any]]  # name -> {"bytes": n, "sha256": hex}
 
-def save(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any], keep: int) -> Path:
+
+def save(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any], keep: int,
+         lineage: str = "") -> Path:
     """Write one checkpoint of ``state`` atomically and return its directory.
 
     Must be called on all ranks (works without a process group too). ``meta`` must be
     JSON-serialisable; rank 0's copy is recorded. ``keep`` >= 1 keeps that many newest
-    checkpoints, 0 keeps all. Raise ValueError for bad arguments and CheckpointError if
-    the root is unusable or writing fails; earlier checkpoints are left intact.
+    checkpoints of this ``lineage``, 0 keeps all. Raise ValueError for bad arguments and
+    CheckpointError if the root is unusable or writing fails; earlier checkpoints are
+    left intact.
     """
-    _check_args(step, keep)
+    check_args(step, keep, meta)
     root = Path(root)
-    final = root / layout.step_name(step)
-    shapes = manifest.tensor_shapes(state)
-    tmp = _dist.on_rank_zero(lambda: _prepare(root, final.name, meta))
+    token = _dist.broadcast_from_zero(uuid.uuid4().hex[:12])
+    tmp = _dist.on_rank_zero(lambda: prepare_tmp(root, step, token))
     try:
-        with _dist.single_process_quiet():
-            dcp.save(state, checkpoint_id=tmp, no_dist=not _dist.initialized())
-    except (Exception, CheckpointException) as err:
-        # CheckpointException is a BaseException: it must be named to be caught.
+        files = write_shards(tmp, state, None)
+    except CheckpointError:
         if _dist.rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"writing checkpoint step {step} into {tmp} failed: {err}") from err
-    _dist.on_rank_zero(lambda: _commit(tmp, final, shapes, meta, keep))
+        raise
+    everyone = gather_files(files, None)
+    final = root / layout.step_name(step)
+    _dist.on_rank_zero(lambda: commit(tmp, final, everyone, manifest.tensor_shapes(state),
+                                      meta, keep, lineage))
     return final
 
 
-def _check_args(step: int, keep: int) -> None:
+def check_args(step: int, keep: int, meta: Any) -> None:
+    """Raise ValueError for a bad step, keep or meta."""
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ValueError(f"keep must be an int >= 0 (0 keeps all), got {keep!r}")
-
-
-def _prepare(root: Path, name: str, meta: Any) -> Path:
-    """Validate meta, create the temp dir and return it (rank 0 only)."""
     if not isinstance(meta, dict):
         raise ValueError(f"meta must be a dict, got {type(meta).__name__}")
     try:
         json.dumps(meta, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise ValueError(f"meta must be JSON-serialisable (no NaN/inf): {err}") from err
-    tmp = root / f"{layout.TMP_PREFIX}{name}-{uuid.uuid4().hex[:12]}"
+
+
+def tmp_dir(root: Path, step: int, token: str) -> Path:
+    """The temp dir a save of `step` writes into before its commit."""
+    return Path(root) / f"{layout.TMP_PREFIX}{layout.step_name(step)}-{token}"
+
+
+def prepare_tmp(root: Path, step: int, token: str) -> Path:
+    """Create (or find) the temp dir of a save and return it."""
+    tmp = tmp_dir(root, step, token)
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir()
+        tmp.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise CheckpointError(f"checkpoint directory {root} is not writable: {err}") from err
     return tmp
 
 
-def _commit(tmp: Path, final: Path, shapes: dict[str, list[int]], meta: Any, keep: int) -> None:
+def write_shards(tmp: Path, state: dict[str, Any],
+                 group: dist.ProcessGroup | None) -> Files:
+    """Write this rank's part of ``state`` with DCP, then hash the files this rank wrote.
+
+    Must be called on all ranks of ``group`` (the default group when None).
+    """
+    try:
+        with _dist.single_process_quiet():
+            dcp.save(state, checkpoint_id=tmp, process_group=group,
+                     no_dist=not _dist.initialized())
+    except (Exception, CheckpointException) as err:
+        # CheckpointException is a BaseException: it must be named to be caught.
+        raise CheckpointError(f"writing checkpoint into {tmp} failed: {err}") from err
+    return hash_own_files(tmp, _dist.rank())
+
+
+def hash_own_files(directory: Path, rank: int) -> Files:
+    """Size and sha256 of the files `rank` wrote (its DCP shards; rank 0: the metadata)."""
+    prefix = f"__{rank}_"
+    names = [name for name in manifest.list_files(directory)
+             if name.startswith(prefix) or (rank == 0 and not name.startswith("__"))]
+    files: Files = {}
+    for name in names:
+        path = directory / name
+        try:
+            files[name] = {"bytes": path.stat().st_size, "sha256": manifest.sha256_file(path)}
+        except OSError as err:
+            raise CheckpointError(f"cannot read back {path}: {err}") from err
+    return files
+
+
+def gather_files(files: Files, group: dist.ProcessGroup | None) -> Files:
+    """Every rank's file records, merged on rank 0 (others get theirs back). All ranks."""
+    if not _dist.initialized():
+        return files
+    box: list[Any] = [None] * dist.get_world_size(group) if _dist.rank() == 0 else []
+    dist.gather_object(files, box if _dist.rank() == 0 else None, dst=0, group=group)
+    if _dist.rank() != 0:
+        return files
+    merged: Files = {}
+    for part in box:
+        merged.update(part)
+    return merged
+
+
+def commit(tmp: Path, final: Path, files: Files, shapes: dict[str, list[int]], meta: Any,
+           keep: int, lineage: str = "") -> None:
     """Manifest, rename into place, retention (rank 0 only)."""
     step = int(final.name.removeprefix("step_"))
     aside = tmp.with_name(f"{tmp.name}-replaced")
     try:
-        manifest.write(tmp, manifest.build(tmp, step, shapes, meta))
+        manifest.write(tmp, manifest.document(step, files, shapes, meta, lineage))
         if final.exists():
             # A directory cannot be renamed over a non-empty one; move the old one aside
             # and delete it only after the new one is committed.
@@ -102,7 +158,7 @@ def _commit(tmp: Path, final: Path, shapes: dict[str, list[int]], meta: Any, kee
     shutil.rmtree(aside, ignore_errors=True)
     logger.info("checkpoint committed: %s", final)
     try:
-        layout.prune(final.parent, keep, final)
+        layout.prune(final.parent, keep, final, lineage)
     except OSError as err:
         # The new checkpoint is safe; failing the step over housekeeping would be worse.
         logger.warning("checkpoint retention under %s failed: %s", final.parent, err)

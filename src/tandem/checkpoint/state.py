@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 from torch.optim import Optimizer
 
 
@@ -29,3 +36,35 @@ def restore(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> No
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
+
+
+
+class ModelWeights:
+    """The model's weights as a Stateful (section "model": unwrapped names)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict[str, Any]:
+        """The weights; DTensor shards stay shards (DCP reshards them)."""
+        return get_model_state_dict(self.model)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copy loaded weights in."""
+        set_model_state_dict(self.model, state)
+
+
+class OptimizerState:
+    """The optimizer's state as a Stateful (section "optim", keyed by parameter names)."""
+
+    def __init__(self, model: nn.Module, optimizer: Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict[str, Any]:
+        """Moments and step counts by parameter name, and the param groups. On a fresh
+        optimizer this creates its state with a zero-gradient, zero-lr step."""
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Copy loaded optimizer state in."""
+        set_optimizer_state_dict(self.model, self.optimizer, state)

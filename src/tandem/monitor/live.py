@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import psutil
 import torch
-import torch.distributed as dist
 
 from tandem.monitor.detect import Event, HealthDetectors
 from tandem.monitor.phases import PHASES, PhaseClock
 from tandem.monitor.system import SystemSampler
+from tandem.monitor.window import Row, gather, rank_rows
 from tandem.parallel.tensor import local
 
-Row = tuple[int, int, str, float]  # step, rank (-1 = whole job), name, value
+UPDATE_SAMPLE_BYTES = 32 * 2**20  # most weight bytes copied to measure the update ratio
 _FIXED = ("loss_sum", "steps", "busy", "samples", "update_sq", "weight_sq", *PHASES, "rss")
 
 
@@ -48,6 +48,7 @@ class LiveMonitor:
         self.sharded = sharded  # each rank holds a part of the weights (FSDP)
         self._samples = 0  # global samples of the open window (the same on every rank)
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (|dw|^2, |w|^2)
+        self._sample: list[int] | None = None  # indices of the parameters measured
         self.tokens_per_sample = tokens_per_sample
         self.clock = PhaseClock(device, enabled=timing)
         self.detectors = HealthDetectors()
@@ -76,19 +77,27 @@ class LiveMonitor:
         """Whether optimizer step `step` (0-based) closes a window: its update is measured."""
         return (step + 1) % self.log_every == 0
 
-    @staticmethod
-    def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """This rank's part of the weights before an update (one copy, once per window)."""
-        return [local(p).detach().clone() for p in params]
+    def _measured(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters the update ratio is measured on: all of them when this rank's
+        part fits UPDATE_SAMPLE_BYTES, else every k-th tensor (the same ones on every
+        rank and at every window), so the copy never costs a model's worth of memory."""
+        if self._sample is None:
+            sizes = [local(p).numel() * local(p).element_size() for p in params]
+            stride = max(1, math.ceil(sum(sizes) / UPDATE_SAMPLE_BYTES))
+            self._sample = list(range(0, len(params), stride))
+        return [local(params[i]).detach() for i in self._sample]
+
+    def snapshot(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A copy of (a sample of) this rank's weights before an update, once per window."""
+        return [p.clone() for p in self._measured(params)]
 
     def update_sizes(self, before: list[torch.Tensor], params: list[torch.Tensor]) -> None:
-        """Keep |w_after - w_before|^2 and |w_before|^2 over this rank's part (no sync)."""
-        after = [local(p).detach() for p in params]
-        if not after:
+        """Keep |w_after - w_before|^2 and |w_before|^2 over the sample (no sync, no copy)."""
+        if not before:
             return
-        diffs = torch._foreach_sub(after, before)
-        upd = torch.stack(torch._foreach_norm(diffs)).double().square().sum()
         weight = torch.stack(torch._foreach_norm(before)).double().square().sum()
+        torch._foreach_sub_(before, self._measured(params))  # in place: w_before - w_after
+        upd = torch.stack(torch._foreach_norm(before)).double().square().sum()
         self._update = (upd, weight)
 
     def percentiles(self) -> dict[str, float]:
@@ -123,13 +132,7 @@ class LiveMonitor:
         """End a window: gather from all ranks; rank 0 gets the Window. All ranks."""
         if not self._losses:
             return None
-        mine = self._pack(busy)
-        if dist.is_initialized():
-            everyone = [torch.empty_like(mine) for _ in range(self.world)]
-            dist.all_gather(everyone, mine)
-            table = torch.stack(everyone).cpu()
-        else:
-            table = mine.unsqueeze(0).cpu()
+        table = gather(self._pack(busy))
         self._losses.clear()
         self._norms.clear()
         self._samples = 0
@@ -186,19 +189,11 @@ class LiveMonitor:
         return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events)
 
     def _per_rank(self, step: int, fixed: dict[str, list[float]], steps: int) -> list[Row]:
-        """Each rank's step, phases, memory and straggler score.
-
-        DDP makes every rank wait for the slowest inside backward, so step times come
-        out equal; what tells a straggler is its own time outside that wait: step
-        minus backward. The score is that time over the median rank's.
-        """
-        rows: list[Row] = []
-        own = [(b - bw) / steps for b, bw in zip(fixed["busy"], fixed["backward"], strict=True)]
-        median = statistics.median(own)
-        for r in range(self.world):
-            rows.append((step, r, "time/step", fixed["busy"][r] / steps))
-            rows.append((step, r, "straggler/score", own[r] / median if median > 0 else 1.0))
-            rows.append((step, r, "mem/rss_bytes", fixed["rss"][r]))
+        """Each rank's step, memory, straggler score (its wait: backward) and phases."""
+        ranks = range(self.world)
+        rows = rank_rows(step, ranks, [b / steps for b in fixed["busy"]],
+                         [bw / steps for bw in fixed["backward"]], fixed["rss"])
+        for r in ranks:
             rows.append((step, r, "time/compute",
                          (fixed["forward"][r] + fixed["backward"][r]) / steps))
             rows += [(step, r, f"time/{p}", fixed[p][r] / steps) for p in PHASES]

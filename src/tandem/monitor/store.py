@@ -24,6 +24,9 @@ from typing import Any
 
 log = logging.getLogger("tandem")
 
+STORE_ENV = "TANDEM_STORE"  # where runs are recorded when nothing else says
+STORE_FILE = "tandem.db"
+DEFAULT_RUN_DIR = "runs"
 SCHEMA_VERSION = 2
 STATUSES = ("running", "completed", "failed", "preempted")
 # Seconds a connection waits for a lock held by another writer before it gives up.
@@ -65,6 +68,14 @@ def _rename_trials(conn: sqlite3.Connection) -> None:
 # version v -> the function that upgrades a v store to v + 1, inside one transaction.
 # A store older than the oldest key is refused.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _rename_trials}
+
+
+def store_location(explicit: str | Path | None = None,
+                   run_dir: str | Path = DEFAULT_RUN_DIR) -> Path:
+    """Where the run store is: `explicit` (monitor.store, --store), else TANDEM_STORE, else
+    `<run_dir>/tandem.db`. The one place that decides it."""
+    chosen = explicit or os.environ.get(STORE_ENV) or Path(run_dir) / STORE_FILE
+    return Path(chosen).expanduser().resolve()
 
 
 class StoreVersionError(ValueError):

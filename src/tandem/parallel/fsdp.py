@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -12,41 +13,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from tandem.parallel.blocks import find_blocks
+from tandem.parallel.strategy import Build, Pass, Strategy
+
 log = logging.getLogger("tandem")
-
-
-def _has_params(module: nn.Module) -> bool:
-    return any(True for _ in module.parameters())
-
-
-def find_blocks(model: nn.Module,
-                block_types: tuple[type, ...] | None = None) -> list[nn.Module]:
-    """The sub-modules to shard as units, outermost first, never nested in one another.
-
-    With `block_types`, every module whose type is one of them (the root excluded).
-    Without, the auto rule: the children of the outermost `nn.ModuleList` /
-    `nn.Sequential` containers that hold more than one child (the root itself counts),
-    keeping only children that own parameters. This finds the repeated layers of the
-    usual models (`self.layers = nn.ModuleList([...])`, `nn.Sequential(Linear, ReLU,
-    Linear)`); the search does not descend into a chosen block, so a block's own inner
-    Sequential (an MLP inside a transformer layer) stays part of that block's single
-    all-gather instead of splitting it into many small ones.
-    """
-    blocks: list[nn.Module] = []
-
-    def visit(module: nn.Module, is_root: bool) -> None:
-        if block_types is not None:
-            if not is_root and isinstance(module, block_types):
-                blocks.append(module)
-                return
-        elif isinstance(module, (nn.ModuleList, nn.Sequential)) and len(module) > 1:
-            blocks.extend(child for child in module.children() if _has_params(child))
-            return
-        for child in module.children():
-            visit(child, False)
-
-    visit(model, True)
-    return blocks
 
 
 def shard(model: nn.Module, *, reshard_after_forward: bool,
@@ -138,3 +108,62 @@ def bytes_per_step(model: nn.Module, world: int, accum: int, reshard_after_forwa
                   for p in params if p.requires_grad)
     gathers = accum * (2 if reshard_after_forward else 1)
     return (world - 1) / world * (gathered * gathers + reduced)
+
+
+DTYPES: dict[str, torch.dtype | None] = {
+    "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class FSDPStrategy(Strategy):
+    """FSDP2: parameters, gradients and optimizer state sharded over the ranks."""
+
+    name: ClassVar[str] = "fsdp"
+    shards_weights: ClassVar[bool] = True
+    syncs_each_backward: ClassVar[bool] = True
+    wraps_meta: ClassVar[bool] = True
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        plan = self.plan
+        return shard(model, reshard_after_forward=plan.fsdp_reshard,
+                     param_dtype=DTYPES[plan.fsdp_param_dtype],
+                     reduce_dtype=DTYPES[plan.fsdp_reduce_dtype])
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """Keep the gradients unsharded until the last micro-batch reduces their sum."""
+        assert self.model is not None, "wrap() first"
+        return no_sync(self.model)
+
+    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
+        """Bytes per step from the sizes: FSDP2 counts nothing itself."""
+        assert self.model is not None, "wrap() first"
+        plan = self.plan
+        accum = max(1, round(micro_batches / max(steps, 1)))
+        return {"comm/bytes_per_step": bytes_per_step(
+            self.model, self.runtime.world_size, accum, plan.fsdp_reshard,
+            DTYPES[plan.fsdp_param_dtype], DTYPES[plan.fsdp_reduce_dtype])}
+
+    @contextlib.contextmanager
+    def calibrating(self, one_pass: Pass) -> Iterator[None]:
+        """FSDP2 keeps no-sync gradients outside p.grad, where zero_grad cannot reach them,
+        until the next synchronised backward: one such pass consumes them afterwards."""
+        try:
+            yield
+        finally:
+            one_pass(True)
+
+    def export_model(self, build: Build) -> nn.Module | None:
+        """The full weights gathered into a fresh plain module on every rank.
+
+        Under deferred initialisation the model need not fit in one process, so nothing
+        is gathered (None): the weights are in the run's checkpoints.
+        """
+        assert self.model is not None, "wrap() first"
+        if self.plan.init == "deferred":
+            return None
+        return gather(self.model, build().to(self.runtime.device))
+
+    def describe(self) -> dict[str, object]:
+        """Plan entries for the run record."""
+        return {"strategy": self.name, "fsdp_reshard": self.plan.fsdp_reshard,
+                "fsdp_param_dtype": self.plan.fsdp_param_dtype,
+                "fsdp_reduce_dtype": self.plan.fsdp_reduce_dtype}

@@ -15,9 +15,14 @@ Either sends the model once per H steps instead of the gradients every step: abo
 
 from __future__ import annotations
 
+import time
+from typing import Any, ClassVar
+
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from tandem.parallel.strategy import Strategy
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -96,3 +101,60 @@ class LowCommSync:
         """Restore `state_dict` output."""
         self.outer.copy_(state["outer"])
         self.velocity.copy_(state["velocity"])
+
+
+class LowCommStrategy(Strategy):
+    """Replicas train alone and meet every `plan.sync_every` steps (see the module doc)."""
+
+    name: ClassVar[str] = "localsgd"
+    meetings: LowCommSync | None = None
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        plan = self.plan
+        self.meetings = LowCommSync(model, method=self.name, every=plan.sync_every,
+                                    outer_lr=plan.outer_lr,
+                                    outer_momentum=plan.outer_momentum)
+        self._meeting_s = 0.0
+        return model
+
+    def after_step(self, step: int, last: bool) -> None:
+        """Meet when `step` is a multiple of H, and always after the last step."""
+        assert self.meetings is not None, "wrap() first"
+        started = time.perf_counter()
+        self.meetings.after_step(step, force=last)
+        self._meeting_s += time.perf_counter() - started
+
+    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
+        """Meeting time (all exposed: nothing overlaps it) and bytes, per step."""
+        assert self.meetings is not None, "wrap() first"
+        if not steps:
+            return {}
+        figures = {"time/comm_exposed": self._meeting_s / steps,
+                   "comm/bytes_per_step": self.meetings.take_bytes() / steps}
+        self._meeting_s = 0.0
+        return figures
+
+    def state_dict(self) -> dict[str, Any]:
+        """DiLoCo's outer parameters and momentum (kept for local SGD too: one format)."""
+        assert self.meetings is not None, "wrap() first"
+        return self.meetings.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict` output."""
+        assert self.meetings is not None, "wrap() first"
+        self.meetings.load_state_dict(state)
+
+    def describe(self) -> dict[str, object]:
+        """Plan entries for the run record."""
+        entries: dict[str, object] = {"strategy": self.name,
+                                      "sync_every": self.plan.sync_every}
+        if self.name == "diloco":
+            entries |= {"outer_lr": self.plan.outer_lr,
+                        "outer_momentum": self.plan.outer_momentum}
+        return entries
+
+
+class DiLoCoStrategy(LowCommStrategy):
+    """DiLoCo: an outer Nesterov step on the replicas' averaged change at each meeting."""
+
+    name: ClassVar[str] = "diloco"

@@ -8,7 +8,7 @@ import logging
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tandem.parallel.fsdp import find_blocks
+from tandem.parallel.blocks import find_blocks
 
 log = logging.getLogger("tandem")
 

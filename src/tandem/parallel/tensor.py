@@ -21,12 +21,12 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.distributed.tensor.parallel import (
@@ -35,43 +35,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from tandem.parallel.fsdp import gather
+from tandem.parallel.mesh import Layout, layout  # noqa: F401 - re-exported
+from tandem.parallel.strategy import Build, Strategy
+
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-
-
-@dataclass(frozen=True)
-class Layout:
-    """This rank's place on the (dp, tp) mesh."""
-
-    dp_rank: int
-    dp_size: int
-    tp_rank: int
-    tp_size: int
-    mesh: DeviceMesh | None = None  # None when tp_size == 1
-
-    @property
-    def dp_group(self) -> dist.ProcessGroup | None:
-        """The data-parallel group (None: the whole world)."""
-        return None if self.mesh is None else self.mesh.get_group("dp")
-
-    @property
-    def tp_mesh(self) -> DeviceMesh | None:
-        """The tensor-parallel sub-mesh (None without tensor parallelism)."""
-        return None if self.mesh is None else self.mesh["tp"]
-
-
-def layout(tp: int, rank: int, world_size: int, device: torch.device) -> Layout:
-    """The (dp, tp) layout of `world_size` ranks; builds the device mesh when tp > 1."""
-    if tp < 1:
-        raise ValueError(f"plan.tp: {tp} must be >= 1")
-    if world_size % tp:
-        raise ValueError(f"plan.tp: {tp} does not divide the {world_size} processes; use a "
-                         f"divisor of {world_size} (each data-parallel replica is split over "
-                         "plan.tp processes)")
-    if tp == 1:
-        return Layout(dp_rank=rank, dp_size=world_size, tp_rank=0, tp_size=1)
-    mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
-    return Layout(dp_rank=rank // tp, dp_size=world_size // tp, tp_rank=rank % tp,
-                  tp_size=tp, mesh=mesh)
 
 
 def parallelize(model: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh) -> nn.Module:
@@ -150,3 +118,51 @@ class GradientSync:
         self.bytes_sent, self.steps = 0, 0
         return value
 
+
+
+class TensorParallelStrategy(Strategy):
+    """Data x tensor parallel: the task's named layers split inside each group of `tp`
+    ranks, gradients averaged over the data-parallel group after backward."""
+
+    name: ClassVar[str] = "tp"
+    wraps_meta: ClassVar[bool] = True
+
+    sync: GradientSync | None = None
+
+    def _split(self, model: nn.Module, tensor_plan: Mapping[str, str] | None) -> nn.Module:
+        if self.layout.tp_mesh is None:
+            raise ValueError("plan.tp > 1 needs the (dp, tp) layout of the ranks")
+        if not tensor_plan:
+            raise ValueError(f"plan.tp: {self.plan.tp} needs the task to name the layers to "
+                             "split (Task.tensor_parallel = {'blocks.*.mlp.fc': 'colwise', "
+                             "...})")
+        return parallelize(model, tensor_plan, self.layout.tp_mesh)
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.sync = GradientSync(params, self.layout.dp_group, self.layout.dp_size)
+        return model
+
+    def after_backward(self) -> None:
+        """Average the gradients over the data-parallel group (one flat all-reduce)."""
+        assert self.sync is not None, "wrap() first"
+        self.sync()
+
+    def optimizer_context(self) -> contextlib.AbstractContextManager[None]:
+        """DTensor and plain (replicated) parameters meet in one optimizer and one norm."""
+        return mixed_ops()
+
+    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
+        """The data-parallel all-reduce's bytes per step (see the module docstring)."""
+        if self.sync is None or not self.sync.steps:
+            return {}
+        return {"comm/bytes_per_step": self.sync.bytes_per_step()}
+
+    def export_model(self, build: Build) -> nn.Module:
+        """The full weights gathered into a fresh plain module."""
+        assert self.model is not None, "wrap() first"
+        return gather(self.model, build().to(self.runtime.device))
+
+    def describe(self) -> dict[str, object]:
+        """Plan entries for the run record."""
+        return {"strategy": self.name, "tp": self.layout.tp_size}

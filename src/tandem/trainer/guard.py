@@ -14,6 +14,7 @@ import torch.distributed as dist
 log = logging.getLogger("tandem")
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: try again later, the run is resumable
+STATUS_FILE_ENV = "TANDEM_STATUS_FILE"  # where rank 0 tells `tandem run` why it stopped
 
 
 class Preempted(SystemExit):

@@ -1,8 +1,15 @@
-"""The trainer's own progress, checkpointed as JSON beside the tensors."""
+"""The trainer's own state, checkpointed as JSON beside the tensors.
+
+Two objects, because a rollback treats them differently: `TrainState` goes back with
+the weights (it says where in training the weights are), `Progress` never does (it says
+what the run has done: data consumed, time spent, faults met). A rollback replaces the
+first as a whole from the checkpoint and keeps the second as a whole; a new field must
+be put in one of them, and so says which way it goes.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tandem.data.sampler import Cursor
@@ -10,49 +17,51 @@ from tandem.data.sampler import Cursor
 
 @dataclass(kw_only=True)
 class TrainState:
-    """Everything besides model and optimizer tensors that a resume needs."""
+    """Where the weights are in training: restored by a rollback with them."""
 
-    step: int = 0
-    cursor: Cursor = field(default_factory=Cursor)
+    step: int = 0  # optimizer steps done
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace every field from `state_dict` output."""
+        self.step = int(state["step"])
+
+
+@dataclass(kw_only=True)
+class Progress:
+    """What the run has done, over all its attempts: never rolled back."""
+
+    cursor: Cursor = field(default_factory=Cursor)  # the next sample of the global order
     samples: int = 0
     elapsed_s: float = 0.0  # wall time of the run over all attempts, at the last commit
     train_s: float = 0.0  # time in training steps only (no evaluation, no checkpoints)
     target_reached: dict[str, float] | None = None  # {"step", "elapsed_s", "value"}
-    scaler: dict[str, Any] = field(default_factory=dict)
     attempts: int = 1
     run_id: str = ""  # the run's id in the run store, kept across resumes
     rollbacks: int = 0
     lr_scale: float = 1.0  # product of fault.rollback_lr_scale over the rollbacks
 
-    def to_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {
-            "step": self.step,
-            "cursor": self.cursor.state_dict(),
-            "samples": self.samples,
-            "elapsed_s": self.elapsed_s,
-            "train_s": self.train_s,
-            "target_reached": self.target_reached,
-            "scaler": self.scaler,
-            "attempts": self.attempts,
-            "run_id": self.run_id,
-            "rollbacks": self.rollbacks,
-            "lr_scale": self.lr_scale,
-        }
+        state = {f.name: getattr(self, f.name) for f in fields(self)}
+        state["cursor"] = self.cursor.state_dict()
+        return state
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainState:
-        """Rebuild from `to_dict` output."""
-        return cls(
-            step=int(data["step"]),
-            cursor=Cursor.from_state(data["cursor"]),
-            samples=int(data["samples"]),
-            elapsed_s=float(data["elapsed_s"]),
-            train_s=float(data.get("train_s", 0.0)),
-            target_reached=data.get("target_reached"),
-            scaler=dict(data.get("scaler") or {}),
-            attempts=int(data.get("attempts", 1)),
-            run_id=str(data.get("run_id", "")),
-            rollbacks=int(data.get("rollbacks", 0)),
-            lr_scale=float(data.get("lr_scale", 1.0)),
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace every field from `state_dict` output."""
+        fresh = Progress(
+            cursor=Cursor.from_state(state["cursor"]),
+            samples=int(state["samples"]),
+            elapsed_s=float(state["elapsed_s"]),
+            train_s=float(state["train_s"]),
+            target_reached=state.get("target_reached"),
+            attempts=int(state["attempts"]),
+            run_id=str(state["run_id"]),
+            rollbacks=int(state["rollbacks"]),
+            lr_scale=float(state["lr_scale"]),
         )
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))

@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from tandem.monitor.store import store_location
 from tandem.tune import planfile, space
 from tandem.tune import stats as tstats
 from tandem.tune.session import Record, Settings, Tuner, TuneResult, session_id
@@ -28,8 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default="10m",
                         help="wall time for the whole session: 90s, 10m, 1h (default 10m)")
     parser.add_argument("--out", default="plan.toml", help="the plan file written at the end")
-    parser.add_argument("--store", default="runs/tandem.db",
-                        help="run store for the trials and the decision record")
+    parser.add_argument("--store", default=None,
+                        help="run store for the trials and the decision record (default: "
+                             "$TANDEM_STORE, else runs/tandem.db)")
     parser.add_argument("--work-dir", default="runs/tune",
                         help="where trial runs, their plan files and logs go")
     parser.add_argument("--max-trials", type=int, default=10,
@@ -85,7 +87,7 @@ def runner_from(ns: argparse.Namespace) -> TrialRunner:
     return TrialRunner(script=str(Path(ns.script).resolve()),
                        script_args=strip_flags(ns.args, ["plan"]),
                        nproc=ns.nproc_per_node, work_dir=Path(ns.work_dir).resolve(),
-                       store_path=Path(ns.store).resolve(), base_plan=_base_plan(ns.plan),
+                       store_path=store_location(ns.store), base_plan=_base_plan(ns.plan),
                        timeout_s=ns.trial_timeout)
 
 
@@ -109,7 +111,8 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     tuner = Tuner(runner, settings, session, extra,
                   echo=lambda line: console.print(line, highlight=False, markup=False))
     result = tuner.run()
-    text = planfile.render(result, ns.script, runner.nproc, ns.store, settings.min_gain)
+    text = planfile.render(result, ns.script, runner.nproc, str(runner.store_path),
+                           settings.min_gain)
     path = planfile.write(Path(ns.out), text)
     console.print(decision_table(result.records, f"tune session {session}"))
     console.print(summary_line(result, runner.runs))

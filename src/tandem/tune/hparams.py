@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -41,10 +39,9 @@ from tandem.tune import planfile
 from tandem.tune.command import decision_table, parse_duration, runner_from
 from tandem.tune.session import Record, TuneResult, session_id
 from tandem.tune.space import flatten, known_keys
-from tandem.tune.trial import RunOutcome, TrialRunner, _kill_group, plan_toml
+from tandem.tune.trial import RunOutcome, TrialRunner
 
 PENALTY = 2.0
-POLL_S = 1.0
 
 
 def space(trial: Any, global_batch: int, steps: int, world: int) -> dict[str, Any]:
@@ -90,31 +87,21 @@ def _distance(value: float, op: str, goal: float) -> float:
 def _run_pruned(runner: TrialRunner, name: str, changes: dict[str, Any], steps: int,
                 log_every: int, eval_every: int, trial: Any, target: tuple[str, str, float]
                 ) -> tuple[RunOutcome, bool]:
-    """Run one trial, reporting evaluations to Optuna; (outcome, pruned)."""
-    runner.work_dir.mkdir(parents=True, exist_ok=True)
-    plan_file = runner.work_dir / f"{name}.toml"
-    plan_file.write_text(plan_toml({**runner.base_plan, **changes}, [f"hparams trial {name}"]))
-    cmd = runner.command(name, plan_file, steps, log_every, "", list(changes))
-    cmd[cmd.index("--train.eval_every") + 1] = str(eval_every)
+    """Run one trial, reporting its evaluations to Optuna as they land; (outcome, pruned)."""
     metric, op, goal = target
-    started, reported, pruned = time.monotonic(), set(), False
-    with (runner.work_dir / f"{name}.log").open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **runner.env}, start_new_session=True)
-        while proc.poll() is None:
-            time.sleep(POLL_S)
-            for step, value in _evaluations(runner.store_path, name, metric):
-                if step not in reported and math.isfinite(value):
-                    reported.add(step)
-                    trial.report(_distance(value, op, goal), step)
-                    if trial.should_prune():
-                        pruned = True
-            if pruned or time.monotonic() - started > runner.timeout_s:
-                _kill_group(proc)
-                break
-    outcome = runner.read(name)
-    outcome.wall_s = time.monotonic() - started
-    return outcome, pruned
+    reported: set[int] = set()
+
+    def watch() -> bool:
+        for step, value in _evaluations(runner.store_path, name, metric):
+            if step not in reported and math.isfinite(value):
+                reported.add(step)
+                trial.report(_distance(value, op, goal), step)
+                if trial.should_prune():
+                    return True
+        return False
+
+    outcome = runner.run(name, changes, steps, log_every, eval_every=eval_every, watch=watch)
+    return outcome, outcome.stopped
 
 
 def _evaluations(store_path: Path, name: str, metric: str) -> list[tuple[int, float]]:
@@ -131,15 +118,14 @@ def _evaluations(store_path: Path, name: str, metric: str) -> list[tuple[int, fl
 def run(ns: argparse.Namespace, console: Console) -> int:
     """`tandem tune --hparams ...`: returns the exit status."""
     try:
-        import optuna
+        import optuna  # noqa: F401 - needed by the search, checked before any run
     except ImportError:
         raise ValueError("--hparams needs Optuna: pip install -e '.[tune]'") from None
     budget = parse_duration(ns.budget)
     runner = runner_from(ns)
     session = session_id(ns.script) + "-hp"
     started = time.monotonic()
-    steps, log_every = ns.steps, ns.log_every
-    eval_every = max(1, steps // 6)
+    steps = ns.steps
     records: list[Record] = []
 
     def record(tid: str, label: str, status: str, changes: dict, figures: dict,
@@ -158,15 +144,33 @@ def run(ns: argparse.Namespace, console: Console) -> int:
                                   "n_trials": ns.n_trials}, "script": runner.script,
                          "script_args": runner.script_args, "nproc": runner.nproc},
                         dict(runner.base_plan), environment(world_size=runner.nproc))
+    try:
+        result = _search(ns, runner, session, record, records, started, budget)
+    except BaseException as err:
+        _finish(runner, session, "failed", {"error": f"{type(err).__name__}: {err}"})
+        raise
+    path = planfile.write(Path(ns.out), planfile.render(result, ns.script, runner.nproc,
+                                                        str(runner.store_path), ns.min_gain))
+    console.print(decision_table(records, f"hparams session {session}"))
+    console.print(f"plan written to {path}; Optuna study {session!r} in "
+                  f"{runner.store_path}")
+    return 0
+
+
+def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: Any,
+            records: list[Record], started: float, budget: float) -> TuneResult:
+    """The baseline, then the Optuna study; the session is closed by the caller."""
+    import optuna
+
+    steps, log_every = ns.steps, ns.log_every
+    eval_every = max(1, steps // 6)
     # The current hyper-parameters first: the reference, and the config to search around.
     base = runner.run(f"{session}-r000-baseline", {}, steps, log_every)
     if not base.ok:
-        _finish(runner, session, "failed", {"error": base.error})
         raise RuntimeError(f"the baseline run failed: {base.error}")
     with RunStore(runner.store_path) as store:
         config = store.run(base.run_id)["config"]
     if not config["train"]["target"]:
-        _finish(runner, session, "failed", {"error": "no train.target"})
         raise ValueError("--hparams minimises the time to train.target; set it, e.g. "
                          "--train.target 'accuracy>=0.9'")
     target = parse_target(config["train"]["target"])
@@ -231,12 +235,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
                                           "best_objective_s": best.value if best else None,
                                           "baseline_objective_s": base_value,
                                           "evidence": evidence})
-    path = planfile.write(Path(ns.out), planfile.render(result, ns.script, runner.nproc,
-                                                        ns.store, ns.min_gain))
-    console.print(decision_table(records, f"hparams session {session}"))
-    console.print(f"plan written to {path}; Optuna study {session!r} in "
-                  f"{runner.store_path}")
-    return 0
+    return result
 
 
 def _finish(runner: TrialRunner, session: str, status: str, summary: dict) -> None:

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ OWN_FLAGS = ("train.steps", "monitor.log_every", "run.dir", "run.name", "run.res
              "monitor.store", "monitor.progress", "checkpoint.at_end", "checkpoint.every",
              "train.eval_every")
 TAIL_CHARS = 2000
+POLL_S = 1.0  # how often a watched run is looked at
 
 
 @dataclass
@@ -43,6 +44,7 @@ class RunOutcome:
     wall_s: float = 0.0
     error: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False  # the watcher ended the run early (a pruned trial)
 
 
 def plan_toml(changes: Mapping[str, Any], header: Sequence[str] = ()) -> str:
@@ -92,7 +94,7 @@ class TrialRunner:
     runs: int = 0  # runs launched so far
 
     def command(self, name: str, plan_file: Path, steps: int, log_every: int,
-                control: str, drop: Sequence[str]) -> list[str]:
+                control: str, drop: Sequence[str], eval_every: int = 0) -> list[str]:
         """The `tandem run` command line of one trial run."""
         args = strip_flags(self.script_args, [*OWN_FLAGS, *drop])
         script = [self.script]
@@ -104,44 +106,58 @@ class TrialRunner:
                 "--run.dir", str(self.work_dir / "runs"), "--run.name", name,
                 "--run.resume", "never", "--monitor.store", str(self.store_path),
                 "--monitor.progress", "off", "--checkpoint.at_end", "false",
-                "--checkpoint.every", "0", "--train.eval_every", "0"]
+                "--checkpoint.every", "0", "--train.eval_every", str(eval_every)]
 
     def run(self, name: str, changes: Mapping[str, Any], steps: int, log_every: int,
-            control: str = "") -> RunOutcome:
-        """Run the script for `steps` steps under base plan + `changes`; never raises."""
+            control: str = "", eval_every: int = 0,
+            watch: Callable[[], bool] | None = None) -> RunOutcome:
+        """Run the script for `steps` steps under base plan + `changes`; never raises.
+
+        `watch`, when given, is called every POLL_S seconds while the run goes; when it
+        returns True the run is stopped there (`RunOutcome.stopped`).
+        """
         self.runs += 1
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        plan = {**self.base_plan, **changes}
         plan_file = self.work_dir / f"{name}.toml"
-        plan_file.write_text(plan_toml(plan, [f"trial run {name}"]))
+        plan_file.write_text(plan_toml({**self.base_plan, **changes}, [f"trial run {name}"]))
         # A script flag would win over the plan file: drop those the trial changes.
-        cmd = self.command(name, plan_file, steps, log_every, control, list(changes))
+        cmd = self.command(name, plan_file, steps, log_every, control, list(changes),
+                           eval_every)
         log_file = self.work_dir / f"{name}.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                **self.env}
         started = time.monotonic()
-        error = ""
         with log_file.open("w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
-            try:
-                code = proc.wait(timeout=self.timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                code = None
-                error = f"timed out after {self.timeout_s:.0f} s (killed)"
-        wall = time.monotonic() - started
-        if code is not None and code != 0:
+            code, error, stopped = self._wait(proc, started, watch)
+        outcome = self.read(name)
+        outcome.wall_s, outcome.stopped = time.monotonic() - started, stopped
+        if code is not None and code != 0 and not stopped:
             how = f"signal {-code}" if code < 0 else f"exit status {code}"
             error = f"{how}: {_tail(log_file)}"
-        outcome = self.read(name)
-        outcome.wall_s = wall
         if error:
             outcome.ok, outcome.error = False, error
-        elif not outcome.rates:
+        elif not outcome.rates and not stopped:
             outcome.ok = False
             outcome.error = outcome.error or f"no throughput recorded: {_tail(log_file)}"
         return outcome
+
+    def _wait(self, proc: subprocess.Popen, started: float,
+              watch: Callable[[], bool] | None) -> tuple[int | None, str, bool]:
+        """(exit code or None, error, stopped by the watcher) once the run has ended."""
+        while True:
+            left = self.timeout_s - (time.monotonic() - started)
+            try:
+                return proc.wait(timeout=max(0.0, min(left, POLL_S if watch else left))), "", False
+            except subprocess.TimeoutExpired:
+                pass
+            if watch is not None and watch():
+                _kill_group(proc)
+                return None, "", True
+            if time.monotonic() - started >= self.timeout_s:
+                _kill_group(proc)
+                return None, f"timed out after {self.timeout_s:.0f} s (killed)", False
 
     def read(self, name: str) -> RunOutcome:
         """The figures run `name` left in the store (ok=False when there are none)."""

@@ -1,0 +1,93 @@
+"""Data parallelism with DistributedDataParallel and an optional gradient comm hook."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import ClassVar
+
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from tandem.parallel import hooks
+from tandem.parallel.hierarchical import register_hierarchical
+from tandem.parallel.strategy import Build, Pass, Strategy, fresh_copy
+
+log = logging.getLogger("tandem")
+
+
+class DDPStrategy(Strategy):
+    """Every rank holds a replica; DDP all-reduces gradient buckets during backward."""
+
+    name: ClassVar[str] = "ddp"
+    syncs_each_backward: ClassVar[bool] = True
+
+    stats: hooks.CommStats | None = None  # bytes the comm hook sent
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        plan, device = self.plan, self.runtime.device
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=plan.bucket_mb,
+            static_graph=plan.static_graph,
+            find_unused_parameters=plan.find_unused,
+            gradient_as_bucket_view=True,
+        )
+        self._register_hook(ddp)
+        return ddp
+
+    def _register_hook(self, ddp: DistributedDataParallel) -> None:
+        plan, runtime = self.plan, self.runtime
+        if plan.comm_hook != "hierarchical":
+            self.stats = hooks.register(
+                ddp, plan.comm_hook, backend=dist.get_backend(),
+                powersgd_rank=plan.powersgd_rank, powersgd_warmup=plan.powersgd_warmup,
+                topk_ratio=plan.topk_ratio)
+        elif runtime.local_world_size in (1, runtime.world_size):
+            # One node (or one process per node): two levels would only add a step.
+            log.warning("plan.comm_hook 'hierarchical' on %d node(s) of %d processes: using "
+                        "DDP's flat all-reduce", runtime.world_size // runtime.local_world_size,
+                        runtime.local_world_size)
+        else:
+            register_hierarchical(ddp, runtime.local_world_size)
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's module inside DDP."""
+        assert isinstance(self.model, DistributedDataParallel), "wrap() first"
+        return self.model.module
+
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """DDP's no_sync: gradients accumulate locally until the last micro-batch."""
+        assert isinstance(self.model, DistributedDataParallel), "wrap() first"
+        return self.model.no_sync()
+
+    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
+        """What the comm hook sent per step (DDP's own all-reduce: from the sizes)."""
+        stats = self.stats
+        if stats is not None and (stats.steps or stats.fixed_bytes is not None):
+            return {"comm/bytes_per_step": stats.bytes_per_step()}
+        return {}
+
+    @contextlib.contextmanager
+    def calibrating(self, one_pass: Pass) -> Iterator[None]:
+        """A hook with memory (PowerSGD's error feedback, top-k residuals, their step
+        counters) must not remember calibration passes: its state is put back after."""
+        saved = self.stats.save() if self.stats is not None else None
+        try:
+            yield
+        finally:
+            if self.stats is not None and saved is not None:
+                self.stats.restore(saved)
+
+    def export_model(self, build: Build) -> nn.Module:
+        """A fresh module with the replica's weights (DDP's hooks hold the group)."""
+        return fresh_copy(build, self.module, self.runtime.device)
+
+    def describe(self) -> dict[str, object]:
+        """Plan entries for the run record."""
+        return {"strategy": self.name, "bucket_mb": self.plan.bucket_mb,
+                "comm_hook": self.plan.comm_hook, "static_graph": self.plan.static_graph}

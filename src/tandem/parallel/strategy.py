@@ -1,0 +1,142 @@
+"""The Strategy protocol: how one plan spreads the model, and what it does around a step.
+
+A Strategy is built once from the plan (`build_strategy`) and owns everything the
+trainer would otherwise branch on: how the model is built and wrapped (`wrap`), how
+accumulation micro-batches skip synchronisation (`no_sync`), what runs after the last
+backward and after the optimizer step, what it sent (`window_figures`), its own state in
+checkpoints, and the plain module handed back at the end (`export_model`). The trainer
+calls these hooks in the same order for every plan and never asks for a name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from tandem.config import PlanConfig
+from tandem.parallel import deferred
+from tandem.parallel.compiled import maybe_compile
+from tandem.parallel.mesh import Layout
+from tandem.parallel.recompute import checkpoint_blocks
+from tandem.runtime import Runtime
+
+Build = Callable[[], nn.Module]
+Pass = Callable[[bool], None]  # one forward+backward, synchronising gradients or not
+
+
+class Strategy:
+    """No parallelism: one process holds and updates the whole model.
+
+    Subclasses override the hooks their plan needs; every hook here is what a single
+    process does (nothing). All hooks must be called on all processes.
+    """
+
+    name: ClassVar[str] = "single"
+    shards_weights: ClassVar[bool] = False  # each rank holds only a part of the weights
+    syncs_each_backward: ClassVar[bool] = False  # gradients all-reduced inside backward
+    # Deferred init: whether `_wrap` needs real values (DDP broadcasts them) or can take
+    # meta parameters and have them materialised afterwards, shard by shard (FSDP, TP).
+    wraps_meta: ClassVar[bool] = False
+
+    def __init__(self, plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> None:
+        self.plan, self.runtime, self.layout, self.seed = plan, runtime, layout, seed
+        self.model: nn.Module | None = None  # the wrapped module, once `wrap` ran
+
+    # ------------------------------------------------------------ building
+    def wrap(self, build: Build, tensor_plan: Mapping[str, str] | None = None) -> nn.Module:
+        """Build the user's module with `build`, place it, apply the plan, wrap it."""
+        device, late = self.runtime.device, self.plan.init == "deferred"
+        model = deferred.build_on_meta(build) if late else build().to(device)
+        model = self._prepare(model, tensor_plan)
+        if late and not self.wraps_meta:
+            deferred.materialise(model, device, self.seed)
+        model = self._wrap(model)
+        if late and self.wraps_meta:
+            deferred.materialise(model, device, self.seed)
+        self.model = model
+        return model
+
+    def _prepare(self, model: nn.Module, tensor_plan: Mapping[str, str] | None) -> nn.Module:
+        """Recompute, split and compile as the plan says, before any wrapper."""
+        if self.plan.activation_checkpointing:
+            checkpoint_blocks(model)
+        model = self._split(model, tensor_plan)
+        if self.plan.compile:
+            maybe_compile(model, self.runtime.device)
+        return model
+
+    def _split(self, model: nn.Module, tensor_plan: Mapping[str, str] | None) -> nn.Module:
+        """Tensor-parallel layouts split layers here; others leave the module as it is."""
+        return model
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        """The data-parallel wrapper of this plan (none here)."""
+        return model
+
+    @property
+    def module(self) -> nn.Module:
+        """The user's module inside any wrapper (an FSDP2 module is its own module)."""
+        assert self.model is not None, "wrap() first"
+        return self.model
+
+    # ------------------------------------------------------------ each step
+    def no_sync(self) -> contextlib.AbstractContextManager[None]:
+        """A context for accumulation micro-batches that skips gradient synchronisation."""
+        return contextlib.nullcontext()
+
+    def after_backward(self) -> None:
+        """After the step's last backward: gradients not reduced inside backward are."""
+
+    def optimizer_context(self) -> contextlib.AbstractContextManager[None]:
+        """The context clipping and the optimizer step run in."""
+        return contextlib.nullcontext()
+
+    def after_step(self, step: int, last: bool) -> None:
+        """After the optimizer step `step` (steps done so far); `last`: the run's last."""
+
+    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
+        """What the plan sent (and waited for) over the window's `steps` optimizer steps
+        of `micro_batches` forward/backward passes in all; counters restart after."""
+        return {}
+
+    @contextlib.contextmanager
+    def calibrating(self, one_pass: Pass) -> Iterator[None]:
+        """Extra forward/backward passes inside leave no trace in later steps."""
+        yield
+
+    # ------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The plan's own training state for checkpoints (tensors and JSON values)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict` output."""
+
+    def export_model(self, build: Build) -> nn.Module | None:
+        """The trained weights in a plain module that no process group owns.
+
+        A DDP module's parameters carry the reducer's hooks (which hold the group) and
+        FSDP2 / tensor-parallel parameters are DTensors of it: either, outliving the group,
+        can abort the process at exit. Must be called on all processes.
+        """
+        return self.module
+
+    def describe(self) -> dict[str, Any]:
+        """Plan entries for the run record."""
+        return {"strategy": self.name}
+
+
+def param_bytes(model: nn.Module) -> int:
+    """Bytes of the trainable parameters (global sizes)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def fresh_copy(build: Build, model: nn.Module, device: torch.device) -> nn.Module:
+    """A new plain module from `build` holding `model`'s (plain, full) weights."""
+    fresh = build().to(device)
+    fresh.load_state_dict(model.state_dict())
+    return fresh
