@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.reap import kill_tree
 from tests.dist.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,8 @@ def test_two_launchers_as_two_nodes(tmp_path: Path) -> None:
         outputs = [p.communicate(timeout=150)[0] for p in procs]
     finally:
         for p in procs:
-            p.kill()
+            if p.poll() is None:
+                kill_tree(p)  # its torchrun agent and worker too
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out
     summary = _summary(tmp_path, "nodes")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tandem.monitor.store import RunStore
 from tandem.observe import StepObserver, leading_dim, observe_every
+from tests.reap import kill_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "dist" / "scripts" / "plain_ddp.py"
@@ -52,7 +52,7 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str],
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc)
             out, err = proc.communicate()
             pytest.fail(f"{cmd} did not finish within {timeout} s:\n{out}\n{err}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -17,6 +17,7 @@ from tandem.monitor.store import RunStore
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks
 from tests.faults import jobs
+from tests.reap import kill_tree
 
 GLOBAL = 40
 
@@ -93,8 +94,7 @@ def test_a_stopped_rank_is_named_within_the_timeout(tmp_path: Path) -> None:
                 break
         waited = time.monotonic() - started
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        kill_tree(job)  # the launcher, its agent and both ranks, the stopped one too
     report = "".join(lines)
     assert "ranks last seen: rank" in report, report[-3000:]
     assert "rank 1: last seen" in report and "at step 8" in report

@@ -1,0 +1,69 @@
+"""Suite-wide guard: no process a test started outlives the suite.
+
+Every process the tests start inherits TANDEM_TEST_SESSION. After each test module, any
+such process still alive that was not running before the module began is killed
+(SIGKILL reaches a stopped process too) and the module's last test is reported: tests
+that leave processes behind fail instead of leaking them, whether they passed or not.
+(Per module, not per test, so that a module-scoped server fixture is not counted.)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+SESSION_ENV = "TANDEM_TEST_SESSION"
+os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
+# multiprocessing's resource tracker lives as long as the test process, by design.
+LONG_LIVED = ("multiprocessing.resource_tracker",)
+
+
+def session_processes() -> list[psutil.Process]:
+    """Live processes other than this one that carry this suite's session marker."""
+    found = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if (proc.environ().get(SESSION_ENV) == os.environ[SESSION_ENV]
+                    and not any(k in " ".join(proc.cmdline()) for k in LONG_LIVED)
+                    and proc.status() != psutil.STATUS_ZOMBIE):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def reap(procs: list[psutil.Process]) -> list[str]:
+    """SIGKILL `procs` and wait for them; what each was, for the report."""
+    named = []
+    for proc in procs:
+        try:
+            named.append(f"{proc.pid} ({proc.status()}): {' '.join(proc.cmdline())[:160]}")
+            proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    psutil.wait_procs(procs, timeout=10)
+    return named
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_leftover_processes() -> Iterator[None]:
+    """Fail a module whose tests leave any process of this suite running."""
+    before = {p.pid for p in session_processes()}
+    yield
+    # Children get a moment to finish exiting after their parent was killed.
+    deadline = time.monotonic() + 5
+    left = [p for p in session_processes() if p.pid not in before]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [p for p in session_processes() if p.pid not in before]
+    if left:
+        named = reap(left)
+        pytest.fail("processes left running by this test (now killed):\n" + "\n".join(named))
