@@ -23,9 +23,16 @@ class RunConfig:
     name: str = _doc("", "run name; the directory is <dir>/<name> (default: the script's name)")
     dir: str = _doc("runs", "parent directory of run directories")
     seed: int = _doc(0, "seed of the sample order and of every RNG (per rank, per step)")
-    resume: Literal["auto", "never", "require"] = _doc(
-        "auto", "auto: continue from the latest good checkpoint if any; never: refuse a run "
-        "directory that holds checkpoints; require: fail if there is none"
+    resume: Literal["auto", "never", "require", "fresh"] = _doc(
+        "auto", "auto: continue from the latest good checkpoint if any (and stop, saying "
+        "why, if checkpoints exist but none verifies); never: refuse a run directory that "
+        "holds checkpoints; require: fail if there is none; fresh: start at step 0, moving "
+        "any checkpoints there aside (renamed, never deleted)"
+    )
+    allow_changes: str = _doc(
+        "", "settings a resumed run may change although they change the training math: "
+        "comma-separated keys (train.global_batch, optim.schedule, train.steps under a "
+        "stretched schedule, optimizer, ...) or 'all'"
     )
 
 
@@ -493,8 +500,22 @@ def parse_args(argv: list[str]) -> Args:
     return args
 
 
-def reference() -> str:
-    """A readable list of every config field, its default and what it does."""
+USAGE = """Usage: SCRIPT [--config FILE.toml] [--plan FILE.toml] [--section.key VALUE ...]
+
+  --config FILE   a TOML file of settings ([section] key = value), over the script's recipe
+  --plan FILE     a TOML plan (e.g. from `tandem tune`), over --config; also TANDEM_PLAN
+  --section.key   one setting (or --section.key=VALUE); flags win over both files
+  -h, --help      this text
+"""
+
+
+def reference(recipe: dict[str, Any] | None = None) -> str:
+    """A readable list of every config field, its value and what it does.
+
+    With `recipe` (a script's own defaults, {"train.steps": 500}), each value shown is the
+    one the script runs with, and marked as the script's; without, the library default.
+    """
+    recipe = recipe or {}
     lines = ["Options (TOML [section] key = value, or --section.key VALUE):", ""]
     for section, kind in sections().items():
         lines.append(f"[{section}]  {kind.__doc__}")
@@ -503,9 +524,23 @@ def reference() -> str:
             choices = typing.get_args(hints[f.name])
             shown = "|".join(choices) if typing.get_origin(hints[f.name]) is Literal else None
             kind_name = shown or getattr(hints[f.name], "__name__", str(hints[f.name]))
-            default = f.default if not isinstance(f.default, str) else repr(f.default)
-            lines.append(f"  --{section}.{f.name} ({kind_name}, default {default})")
+            key = f"{section}.{f.name}"
+            value = recipe.get(key, f.default)
+            value = value if not isinstance(value, str) else repr(value)
+            origin = "script's recipe" if key in recipe else "default"
+            lines.append(f"  --{key} ({kind_name}, {origin} {value})")
             lines.append(f"      {f.metadata.get('doc', '')}")
         lines.append("")
     return "\n".join(lines)
 
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """The Config a `to_dict()` recorded (keys this version does not know are skipped)."""
+    config = Config()
+    for section, fields in data.items():
+        for key, value in (fields.items() if isinstance(fields, dict) else ()):
+            try:
+                _set(config, f"{section}.{key}", value)
+            except ValueError:
+                continue
+    return config

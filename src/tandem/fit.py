@@ -13,19 +13,21 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
 from torch import nn
 
 from tandem.analyze.scaling import scaling_figures
-from tandem.config import Config, load, parse_args, reference, validate
-from tandem.monitor.progress import Reporter
-from tandem.monitor.recorder import Recorder, new_run_id
+from tandem.config import USAGE, Config, load, parse_args, reference, validate
+from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
+from tandem.monitor.progress import Reporter, print_summary
+from tandem.monitor.recorder import Recorder, new_run_id, record_failure
 from tandem.monitor.sinks import Fanout, open_sinks
 from tandem.monitor.store import store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
-from tandem.trainer.guard import Preempted
+from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted
 from tandem.trainer.loop import Trainer, export_model
-from tandem.trainer.rundir import prepare_run_dir
+from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
 
 log = logging.getLogger("tandem")
 
@@ -55,12 +57,12 @@ def _setup_logging(runtime: Runtime) -> None:
 
 def config_from_argv(argv: list[str], defaults: dict[str, Any] | None = None) -> Config:
     """Parse `--config FILE`, `--plan FILE` and `--section.field VALUE` flags; `--help` prints
-    the options. A plan file may also come from the environment (TANDEM_PLAN, set by
-    `tandem run --plan FILE`)."""
+    the usage and every option with the value this script runs with. A plan file may also
+    come from the environment (TANDEM_PLAN, set by `tandem run --plan FILE`)."""
     args = parse_args(argv)
     if args.help:
         if os.environ.get("RANK", "0") == "0":  # once per job, not once per process
-            sys.stdout.write(reference() + "\n")
+            sys.stdout.write(USAGE + "\n" + reference(defaults) + "\n")
         raise SystemExit(0)
     plan = args.plan or os.environ.get("TANDEM_PLAN") or None
     return load(args.config, args.overrides, defaults, plan)
@@ -73,28 +75,41 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
     Must be called on all processes. Without `config`, the settings come from `argv`
     (default: the script's command line), applied over `defaults` ({"train.steps": 300,
     ...}: the script's own recipe). The run resumes from its latest good
-    checkpoint when one exists (`run.resume`).
+    checkpoint when one exists (`run.resume`). A mistake in the task or the settings
+    stops every process before anything is written for the run: with a `config`, as a
+    UsageError (a ValueError) on every process; from the command line, as one message
+    printed once and exit status 2. Ctrl-C stops at the next step boundary with a
+    checkpoint (exit status 130), SIGTERM likewise (75).
     """
     if config is not None:
-        return _run(task, validate(config))
+        return _run(task, validate(config), script=False)
     try:
         config = config_from_argv(sys.argv[1:] if argv is None else argv, defaults)
     except ValueError as err:
-        # A bad command line: one clear line instead of a traceback, and a usage exit code.
-        if os.environ.get("RANK", "0") == "0":
-            sys.stderr.write(f"tandem: error: {err}\n")
-        raise SystemExit(2) from None
-    return _run(task, config)
+        _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
+    return _run(task, config, script=True)
 
 
-def _run(task: Task, config: Config) -> RunResult:
+def _usage_exit(message: str, speak: bool) -> None:
+    """One line, printed once, and exit status 2; `tandem run` is told why."""
+    if speak:
+        sys.stderr.write(f"tandem: error: {message}\n")
+        status_file = os.environ.get(STATUS_FILE_ENV)
+        if status_file:
+            Path(status_file).write_text("usage 0\n")
+    raise SystemExit(USAGE_EXIT_CODE)
+
+
+def _run(task: Task, config: Config, script: bool) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     runtime = start(config.plan)
     _setup_logging(runtime)
     try:
         result = _fit(task, config, runtime, name)
-    except Preempted:
-        stop(runtime)  # every rank agreed to stop here: a clean teardown
+    except (Preempted, UsageError) as err:
+        stop(runtime)  # every rank stopped here together: a clean teardown
+        if isinstance(err, UsageError):
+            _report_usage(err, config, name, runtime, script)
         raise
     except BaseException:
         # This rank failed, perhaps alone: the others may be inside a collective, and a
@@ -106,12 +121,30 @@ def _run(task: Task, config: Config) -> RunResult:
     return result
 
 
+def _report_usage(err: UsageError, config: Config, name: str, runtime: Runtime,
+                  script: bool) -> None:
+    """Record it in the store; from a script, say it once (the rank that saw it) and exit
+    with status 2."""
+    ranks = err.ranks if isinstance(err, PreflightError) else [0]
+    if runtime.is_main:
+        record_failure(store_path(config), name, config.to_dict(), runtime.world_size,
+                       "preflight" if isinstance(err, PreflightError) else "usage", str(err))
+    if not script:
+        return
+    if ranks[0] != 0 and runtime.rank == 0:
+        sys.stderr.write(f"tandem: error: rank {ranks[0]} failed its checks (its message "
+                         "is above)\n")
+    _usage_exit(str(err) + (f" (ranks {ranks})" if len(ranks) > 1 else ""),
+                runtime.rank == ranks[0])
+
+
 def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
     check_same_config(config, runtime)
-    run_dir = prepare_run_dir(config, name, runtime)
+    run_dir = run_dir_of(config, name)
     trainer = Trainer(task, config, runtime, run_dir)
+    lease = take_lease(run_dir, runtime)
     try:
-        return _train(trainer, config, runtime, name)
+        return _train(trainer, config, runtime, name, lease)
     except (dist.DistError, RuntimeError) as err:
         if runtime.distributed:
             # Gloo reports a timed-out collective as a plain RuntimeError ("Application
@@ -121,13 +154,19 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
         raise
     finally:
         trainer.close()
+        lease.release()
 
 
-def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> RunResult:
+def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
+           lease: Lease) -> RunResult:
     run_dir = trainer.run_dir
-    found = trainer.resume()
+    resumed = trainer.resume()
+    if resumed.complete and (run_dir / "summary.json").is_file():
+        return _already_complete(trainer, runtime, name)
+    lease.claim()
     recorder: Recorder | Fanout | None = None
     if runtime.is_main:
+        record_config(config, run_dir)
         trainer.progress.run_id = trainer.progress.run_id or new_run_id(name)
         # Sinks first: a busy port must not leave a run recorded as running.
         sinks = open_sinks(tensorboard=config.monitor.tensorboard,
@@ -143,28 +182,34 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str) -> Run
     summary: dict[str, Any] | None = None
     status = "failed"
     try:
-        if runtime.restart_count:
-            reporter.event(trainer.state.step, "restart",
-                           f"the launcher restarted the process group "
-                           f"(restart {runtime.restart_count})")
-        if found is not None:
-            reporter.event(trainer.state.step, "resume",
-                           f"resumed from {found} at step {trainer.state.step}")
-        if trainer.state.step >= config.train.steps:
-            reporter.event(trainer.state.step, "complete",
-                           f"run {name!r} is already complete at step {trainer.state.step}; "
-                           "raise train.steps to continue or pick another run.name")
+        resumed.report(reporter, runtime.restart_count)
         summary = trainer.run(reporter)
         if runtime.is_main:
             summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = "completed"
         return RunResult(model=export_model(trainer), summary=summary, run_dir=run_dir)
+    except Interrupted:
+        status = "interrupted"
+        raise
     except Preempted:
         status = "preempted"
         raise
+    except BaseException as err:
+        reporter.event(trainer.state.step, "crash", f"{type(err).__name__}: {err}"[:2000])
+        raise
     finally:
         reporter.close(summary, status)
+
+
+def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResult:
+    """A rerun of a finished run: say so and hand back its result; write nothing."""
+    summary = json.loads((trainer.run_dir / "summary.json").read_text())
+    if runtime.is_main:
+        log.info("run %r is already complete at step %d (summary below); raise train.steps "
+                 "to continue it, or give another --run.name", name, trainer.state.step)
+        print_summary(summary, Console(stderr=True))
+    return RunResult(model=export_model(trainer), summary=summary, run_dir=trainer.run_dir)
 
 
 def _scaling(config: Config, run_id: str, summary: dict[str, Any],
@@ -192,7 +237,7 @@ def check_same_config(config: Config, runtime: Runtime) -> None:
         for rank, value in enumerate(values):
             groups.setdefault(value, []).append(rank)
         shown = " vs ".join(f"ranks {ranks}" for ranks in groups.values())
-        raise ValueError(f"the ranks were started with different configs ({shown}); every "
+        raise UsageError(f"the ranks were started with different configs ({shown}); every "
                          "rank must get the same config file and flags")
 
 

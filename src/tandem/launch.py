@@ -8,9 +8,19 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
-from tandem.trainer.guard import PREEMPTED_EXIT_CODE, STATUS_FILE_ENV
+import psutil
+
+from tandem.errors import USAGE_EXIT_CODE
+from tandem.trainer.guard import (
+    INTERRUPTED_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
+    SAME_PRESS_S,
+    STATUS_FILE_ENV,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,11 +61,14 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
         raise ValueError(f"script {ns.script!r} does not exist")
     if getattr(ns, "plan", None) and not os.path.isfile(ns.plan):
         raise ValueError(f"--plan {ns.plan!r} does not exist")
-    cmd = [sys.executable, "-m", "torch.distributed.run",
+    cmd = [sys.executable, "-m", "tandem.agent",
            f"--nproc-per-node={ns.nproc_per_node}", f"--max-restarts={ns.max_restarts}"]
     single_node = str(ns.nnodes) == "1"
     if single_node and ns.rdzv_endpoint is None:
-        cmd.append("--standalone")
+        # torchrun's --standalone, but bound to the loopback interface only: a
+        # single-node job accepts no connection from another machine.
+        cmd += ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0",
+                f"--rdzv-id={uuid.uuid4()}", "--local-addr=127.0.0.1"]
     else:
         if ns.rdzv_endpoint is None:
             raise ValueError("--rdzv-endpoint HOST:PORT is needed when --nnodes is not 1")
@@ -75,32 +88,79 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
 
 
 def launch(ns: argparse.Namespace) -> int:
-    """Run torchrun as a child; forward SIGTERM/SIGINT; return the job's exit status.
+    """Run the job as a child process group; relay signals; return the job's exit status.
 
-    A run that stopped for preemption (its checkpoint committed) exits with 75
-    (EX_TEMPFAIL): running the same command again continues it.
+    SIGTERM (a preemption) and a first Ctrl-C reach the workers once, through the agent:
+    they commit a checkpoint at the next step boundary and stop, with status 75 for a
+    preemption and 130 for Ctrl-C; running the same command again continues the run. A
+    second Ctrl-C kills the job at once (committed checkpoints stay intact). A usage
+    error exits 2 with the worker's one-line message only.
     """
     cmd = torchrun_command(ns)
     with tempfile.TemporaryDirectory(prefix="tandem-launch-") as tmp:
         status_file = Path(tmp) / "status"
         env = dict(os.environ, **{STATUS_FILE_ENV: str(status_file)})
         env.setdefault("OMP_NUM_THREADS", "1")
+        if str(ns.nnodes) == "1" and ns.rdzv_endpoint is None:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback only, as the rendezvous
         if getattr(ns, "plan", None):
             env["TANDEM_PLAN"] = str(Path(ns.plan).resolve())
-        child = subprocess.Popen(cmd, env=env)
-
-        def forward(signum: int, frame: object) -> None:
-            child.send_signal(signum)
-
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            code = child.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        # Its own session: the terminal's Ctrl-C reaches this process only, which passes
+        # it on once (the workers would otherwise get it from the terminal and again from
+        # the agent).
+        child = subprocess.Popen(cmd, env=env, start_new_session=True)
+        code = _wait_relaying_signals(child)
         status = status_file.read_text().split() if status_file.exists() else []
+    return _outcome(status, code)
+
+
+def _wait_relaying_signals(child: subprocess.Popen) -> int:
+    presses: list[float] = []
+
+    def relay(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            presses.append(time.monotonic())
+            if len(presses) > 1 and presses[-1] - presses[0] >= SAME_PRESS_S:
+                print("tandem: second Ctrl-C: stopping the job now, without a checkpoint",
+                      file=sys.stderr)
+                _kill_tree(child.pid)
+                return
+            if len(presses) > 1:
+                return
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, relay) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and everything it started (found before any of them dies)."""
+    try:
+        root = psutil.Process(pid)
+        tree = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in tree:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            continue
+
+
+def _outcome(status: list[str], code: int) -> int:
+    """The job's exit status, with a line saying how to go on where that helps."""
     if status and status[0] == "preempted":
         print(f"tandem: preempted at step {status[1]}; the checkpoint is committed - run "
               "the same command again to continue", file=sys.stderr)
         return PREEMPTED_EXIT_CODE
+    if status and status[0] == "interrupted":
+        print(f"tandem: interrupted at step {status[1]}; the checkpoint is committed - run "
+              "the same command again to continue", file=sys.stderr)
+        return INTERRUPTED_EXIT_CODE
+    if status and status[0] == "usage":
+        return USAGE_EXIT_CODE
     return code

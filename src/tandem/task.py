@@ -79,5 +79,10 @@ class Task:
         if isinstance(batch, (tuple, list)):
             return model(batch[0])
         if isinstance(batch, dict):
+            if "input" not in batch:
+                raise ValueError(
+                    f"a dict batch (keys {sorted(batch)}) is passed to the model as "
+                    "batch['input']; it has no 'input' key: give Task.forward = "
+                    "lambda model, batch: model(...) to say what the model takes")
             return model(batch["input"])
         return model(batch)

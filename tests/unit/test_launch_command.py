@@ -31,4 +31,7 @@ def test_missing_plan_and_endpoint_are_named(tmp_path: Path) -> None:
         _command(tmp_path, "--plan", "nope.toml")
     with pytest.raises(ValueError, match="--rdzv-endpoint"):
         _command(tmp_path, "--nnodes", "2")
-    assert "--standalone" in _command(tmp_path)
+    single = _command(tmp_path)
+    # One node: torchrun's standalone rendezvous, on the loopback interface only.
+    assert "--rdzv-endpoint=127.0.0.1:0" in single and "--local-addr=127.0.0.1" in single
+    assert "--standalone" not in single

@@ -72,17 +72,21 @@ def prune(root: Path, keep: int, newest: Path, lineage: str = "") -> None:
             shutil.rmtree(path)
 
 
-def set_aside(root: Path, from_step: int) -> list[Path]:
-    """Rename checkpoints of step >= ``from_step`` to ``.rolled-back-step_*``.
+def set_aside(root: Path, from_step: int, label: str = "rolled-back") -> list[Path]:
+    """Rename checkpoints of step >= ``from_step`` to ``.<label>-step_*``.
 
-    They hold state from after a bad step, so a resume must not pick them; they are
-    kept (under a name no scan matches) for inspection, not deleted. Rank 0 only.
+    A rollback's (they hold state from after a bad step) or a fresh start's: a resume
+    must not pick them, and they are kept under a name no scan matches, for inspection,
+    never deleted (a name already taken gets a numbered suffix). Rank 0 only.
     """
     moved = []
     for step, path in step_dirs(root):
         if step >= from_step:
-            target = path.with_name(f".rolled-back-{path.name}")
-            shutil.rmtree(target, ignore_errors=True)
+            target = path.with_name(f".{label}-{path.name}")
+            n = 1
+            while target.exists():
+                n += 1
+                target = path.with_name(f".{label}-{path.name}.{n}")
             path.rename(target)
             moved.append(target)
     return moved

@@ -76,12 +76,13 @@ def _verify_share(path: Path) -> str | None:
     return None
 
 
-def set_aside(root: Path, from_step: int) -> list[str]:
+def set_aside(root: Path, from_step: int, label: str = "rolled-back") -> list[str]:
     """Move checkpoints of step >= ``from_step`` out of the resume path (kept, renamed).
 
     Must be called on all ranks; rank 0 renames, every rank gets the new paths.
     """
-    return _dist.on_rank_zero(lambda: [str(p) for p in layout.set_aside(Path(root), from_step)])
+    return _dist.on_rank_zero(
+        lambda: [str(p) for p in layout.set_aside(Path(root), from_step, label)])
 
 
 def read_meta(path: Path) -> dict[str, Any]:

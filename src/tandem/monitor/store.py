@@ -28,7 +28,7 @@ STORE_ENV = "TANDEM_STORE"  # where runs are recorded when nothing else says
 STORE_FILE = "tandem.db"
 DEFAULT_RUN_DIR = "runs"
 SCHEMA_VERSION = 2
-STATUSES = ("running", "completed", "failed", "preempted")
+STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
 # Seconds a connection waits for a lock held by another writer before it gives up.
 BUSY_TIMEOUT_S = 30.0
 

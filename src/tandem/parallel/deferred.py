@@ -50,10 +50,7 @@ def _parameters_on_meta() -> Iterator[None]:
 def build_on_meta(build: Callable[[], nn.Module]) -> nn.Module:
     """Run the model factory with its parameters on the meta device (buffers real)."""
     with _parameters_on_meta():
-        model = build()
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"Task.model must return an nn.Module, got {type(model).__name__}")
-    return model
+        return build()
 
 
 def _reset_fn(module: nn.Module) -> Callable[[], None] | None:

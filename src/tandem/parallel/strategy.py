@@ -19,6 +19,7 @@ from torch import nn
 
 from tandem.config import PlanConfig
 from tandem.parallel import deferred
+from tandem.parallel.checks import check_model
 from tandem.parallel.compiled import maybe_compile
 from tandem.parallel.mesh import Layout
 from tandem.parallel.recompute import checkpoint_blocks
@@ -49,8 +50,21 @@ class Strategy:
     # ------------------------------------------------------------ building
     def wrap(self, build: Build, tensor_plan: Mapping[str, str] | None = None) -> nn.Module:
         """Build the user's module with `build`, place it, apply the plan, wrap it."""
+        return self.distribute(self.build(build), tensor_plan)
+
+    def build(self, build: Build) -> nn.Module:
+        """Run the model factory (on the meta device under deferred init) and check what
+        it made. Local: no collective, so every process can agree on its outcome."""
+        late = self.plan.init == "deferred"
+        model = check_model(deferred.build_on_meta(build) if late else build())
+        if late:
+            deferred.check_initialisable(model)
+        return model if late else model.to(self.runtime.device)
+
+    def distribute(self, model: nn.Module,
+                   tensor_plan: Mapping[str, str] | None = None) -> nn.Module:
+        """Apply the plan to a built module and wrap it. All processes (collectives)."""
         device, late = self.runtime.device, self.plan.init == "deferred"
-        model = deferred.build_on_meta(build) if late else build().to(device)
         model = self._prepare(model, tensor_plan)
         if late and not self.wraps_meta:
             deferred.materialise(model, device, self.seed)

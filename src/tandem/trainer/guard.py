@@ -1,10 +1,11 @@
-"""Decisions every rank must take together: preemption and rollback."""
+"""Decisions every rank must take together: preemption, interruption and rollback."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from types import FrameType
 
@@ -14,6 +15,10 @@ import torch.distributed as dist
 log = logging.getLogger("tandem")
 
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: try again later, the run is resumable
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+# A second SIGINT this soon after the first is the same Ctrl-C (the terminal sends it to
+# the launcher and to every worker, and torchrun forwards its own): not a second press.
+SAME_PRESS_S = 1.0
 STATUS_FILE_ENV = "TANDEM_STATUS_FILE"  # where rank 0 tells `tandem run` why it stopped
 
 
@@ -28,40 +33,70 @@ class Preempted(SystemExit):
         return f"preempted at step {self.step}; resumable from {self.checkpoint}"
 
 
+class Interrupted(Preempted):
+    """Ctrl-C: the run stopped at a step boundary after committing a checkpoint."""
+
+    def __init__(self, step: int, checkpoint: str) -> None:
+        super().__init__(step, checkpoint)
+        self.code = INTERRUPTED_EXIT_CODE
+
+    def __str__(self) -> str:
+        return f"interrupted at step {self.step}; resumable from {self.checkpoint}"
+
+
 class PreemptionFlag:
-    """Turns SIGTERM into a request to stop at the next agreed step boundary."""
+    """Turns SIGTERM and a first Ctrl-C into a request to stop at the next agreed step
+    boundary (with a checkpoint); a second Ctrl-C aborts at once (KeyboardInterrupt:
+    committed checkpoints stay intact, the one being written is never committed)."""
 
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: object = None
+    PREEMPT, INTERRUPT = 1, 2  # what `requested` holds; an interrupt outranks a preemption
+
+    def __init__(self, announce: bool = True) -> None:
+        self.announce = announce  # say what happens (one rank speaks for the job)
+        self.requested = 0
+        self._first_sigint: float | None = None
+        self._previous: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for sig, handler in ((signal.SIGTERM, self._on_sigterm),
+                                 (signal.SIGINT, self._on_sigint)):
+                self._previous[sig] = signal.signal(sig, handler)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if not self.requested:
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if not self.requested and self.announce:
             log.warning("SIGTERM received: checkpointing at the next step boundary")
-        self.requested = True
+        self.requested = max(self.requested, self.PREEMPT)
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if self._first_sigint is None:
+            self._first_sigint = now
+            if self.announce:
+                log.warning("Ctrl-C: stopping at the next step boundary with a checkpoint; "
+                            "press Ctrl-C again to stop at once without one")
+        elif now - self._first_sigint >= SAME_PRESS_S:
+            raise KeyboardInterrupt
+        self.requested = self.INTERRUPT
 
     def close(self) -> None:
-        """Put the previous SIGTERM handler back."""
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
-            self._previous = None
+        """Put the previous signal handlers back."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous = {}
 
 
 @dataclass(frozen=True)
 class Decision:
     """What all ranks agreed on at a logging-window boundary."""
 
-    preempt: bool
+    stop: int  # 0: go on; PreemptionFlag.PREEMPT or INTERRUPT: commit and stop
     rollback_before: int  # 0: no rollback; else roll back to a checkpoint before this step
 
 
-def agree(preempt: bool, rollback_before: int, device: torch.device) -> Decision:
+def agree(stop: int, rollback_before: int, device: torch.device) -> Decision:
     """Combine every rank's view with one all-reduce (MAX). Must be called on all ranks."""
     if not dist.is_initialized():
-        return Decision(preempt, rollback_before)
-    flags = torch.tensor([float(preempt), float(rollback_before)], dtype=torch.float64,
+        return Decision(stop, rollback_before)
+    flags = torch.tensor([float(stop), float(rollback_before)], dtype=torch.float64,
                          device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return Decision(bool(flags[0].item()), int(flags[1].item()))
+    return Decision(int(flags[0].item()), int(flags[1].item()))

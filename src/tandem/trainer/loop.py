@@ -12,10 +12,11 @@ import torch
 
 from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager, ModelWeights, OptimizerState
-from tandem.config import Config, parse_ramp, parse_target
+from tandem.config import Config, config_from_dict, parse_ramp, parse_target
 from tandem.config_values import target_met
-from tandem.data.loader import train_batches
+from tandem.data.loader import to_device, train_batches
 from tandem.data.sampler import GlobalBatchSampler, check_sizes, split_batch
+from tandem.errors import UsageError
 from tandem.faults import FaultPlan
 from tandem.monitor.heartbeat import Heartbeat
 from tandem.monitor.live import LiveMonitor
@@ -25,10 +26,12 @@ from tandem.parallel import build_strategy
 from tandem.parallel.mesh import layout
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
+from tandem.trainer import preflight, resume_rules
 from tandem.trainer.calibration import calibrate_run
 from tandem.trainer.evaluate import evaluate
-from tandem.trainer.guard import STATUS_FILE_ENV, Preempted, PreemptionFlag, agree
+from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, PreemptionFlag, agree
 from tandem.trainer.precision import Precision
+from tandem.trainer.resumed import Resumed, optimizer_record
 from tandem.trainer.state import Progress, TrainState
 from tandem.trainer.step import StepRunner
 from tandem.trainer.timing import RunClock, WindowClock
@@ -43,40 +46,35 @@ class Trainer:
     """One training run of a Task under a Config on this process's Runtime."""
 
     def __init__(self, task: Task, config: Config, runtime: Runtime, run_dir: Path) -> None:
+        """Build everything the run needs, checking the task's parts before any collective
+        (`preflight`): a mistake stops every rank at once with one message. All ranks."""
         self.task, self.config, self.runtime, self.run_dir = task, config, runtime, run_dir
-        train = config.train
         # Ranks on a (data-parallel x tensor-parallel) mesh; without tensor parallelism
         # the data-parallel rank and size are the global ones.
         self.layout = layout(config.plan.tp, runtime.rank, runtime.world_size, runtime.device)
-        self.micro, self.accum = split_batch(train.global_batch, train.micro_batch,
-                                             self.layout.dp_size)
-        self.ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
-        for _, size in self.ramp:
-            if size % (self.micro * self.layout.dp_size):
-                raise ValueError(
-                    f"train.batch_ramp: batch {size} is not a multiple of micro-batch "
-                    f"{self.micro} x {self.layout.dp_size} data-parallel processes; the ramp "
-                    "grows the batch by accumulation, so each batch must be one")
-        # Same value on every rank and at every world size: the same data and the same
-        # initial weights as a one-process run.
-        seed_all(derive_seed("build", config.run.seed))
-        self.dataset = task.train_data()
-        for _, size in self.ramp:
-            check_sizes(len(self.dataset), size, self.micro * self.layout.dp_size)  # type: ignore[arg-type]
-        self.eval_dataset = task.eval_data() if task.eval_data is not None else None
         self.strategy = build_strategy(config.plan, runtime, self.layout, config.run.seed)
-        self.model = self.strategy.wrap(task.model, task.tensor_parallel)
-        self.optimizer = task.optimizer(self.model.parameters())
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.lr = LrController(self.optimizer, config.optim, train.steps, train.global_batch,
-                               self.batch_at if self.ramp else None)
-        self.precision = Precision(config.precision, runtime.device)
+        with preflight.stage():
+            model = self._build_data_and_model()
+        self.model = self.strategy.distribute(model, task.tensor_parallel)
+        with preflight.stage():
+            self.optimizer = preflight.check_optimizer(task.optimizer(self.model.parameters()))
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
+            self.lr = LrController(self.optimizer, config.optim, config.train.steps,
+                                   config.train.global_batch,
+                                   self.batch_at if self.ramp else None)
+            self.precision = Precision(config.precision, runtime.device)
+            self.target = parse_target(config.train.target) if config.train.target else None
+            preflight.check_target(self.target, task.metrics, self.eval_dataset is not None)
+            batch = preflight.first_batch(self.dataset, list(range(self.micro)))
+        batch = to_device(batch, runtime.device)
+        with preflight.stage():
+            preflight.check_step(task, self.strategy.module, batch, self.precision.autocast,
+                                 trainable=not self.strategy.shards_weights)
         self.state, self.progress = TrainState(), Progress()
-        self.target = parse_target(train.target) if train.target else None
         self.last_eval: dict[str, float] = {}
         self.eval_s = 0.0  # evaluation time of this attempt
         self.faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
-        self.preemption = PreemptionFlag()
+        self.preemption = PreemptionFlag(announce=runtime.is_main)
         self.heartbeat = Heartbeat(runtime.store, runtime.rank, runtime.world_size,
                                    config.fault.heartbeat_s)
         self.monitor = LiveMonitor(
@@ -92,6 +90,30 @@ class Trainer:
              "train": self.state, "progress": self.progress},
             keep=config.checkpoint.keep, asynchronous=config.checkpoint.async_save,
             device=runtime.device, timeout_s=config.plan.timeout_s, hook=self._checkpoint_hook)
+
+    def _build_data_and_model(self) -> torch.nn.Module:
+        """Batch split, datasets and the model factory: local checks only."""
+        task, train = self.task, self.config.train
+        self.micro, self.accum = split_batch(train.global_batch, train.micro_batch,
+                                             self.layout.dp_size)
+        self.ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
+        for _, size in self.ramp:
+            if size % (self.micro * self.layout.dp_size):
+                raise ValueError(
+                    f"train.batch_ramp: batch {size} is not a multiple of micro-batch "
+                    f"{self.micro} x {self.layout.dp_size} data-parallel processes; the ramp "
+                    "grows the batch by accumulation, so each batch must be one")
+        # Same value on every rank and at every world size: the same data and the same
+        # initial weights as a one-process run.
+        seed_all(derive_seed("build", self.config.run.seed))
+        self.dataset = task.train_data()
+        preflight.check_dataset(self.dataset, "train_data")
+        for size in {train.global_batch, *(size for _, size in self.ramp)}:
+            check_sizes(len(self.dataset), size, self.micro * self.layout.dp_size)  # type: ignore[arg-type]
+        self.eval_dataset = task.eval_data() if task.eval_data is not None else None
+        if self.eval_dataset is not None:
+            preflight.check_dataset(self.eval_dataset, "eval_data")
+        return self.strategy.build(task.model)
 
     def batch_at(self, step: int) -> int:
         """The global batch of optimizer step `step` (train.batch_ramp, else global_batch)."""
@@ -121,31 +143,49 @@ class Trainer:
         }
 
     # ------------------------------------------------------------ checkpoints
-    def resume(self) -> Path | None:
-        """Load the latest good checkpoint, as `run.resume` says. All ranks."""
-        policy = self.config.run.resume
-        root = self.checkpoints.root
-        found, _ = self.checkpoints.find()
+    def resume(self) -> Resumed:
+        """Load the latest good checkpoint, as `run.resume` says; check what changed since.
+
+        Raise UsageError (on every rank alike) where the run must not go on: checkpoints
+        exist but none verifies, 'never' / 'require' not met, or a guarded setting changed.
+        All ranks.
+        """
+        policy, root = self.config.run.resume, self.checkpoints.root
+        if policy == "fresh":
+            moved = checkpoint.set_aside(root, 0, "set-aside")
+            return Resumed(None, [], moved, False)
+        found, problems = self.checkpoints.find()
         if found is None:
+            if problems:
+                raise UsageError(
+                    f"run.resume: {root} holds {len(problems)} checkpoint(s) and none "
+                    f"verifies ({'; '.join(problems[:3])}); nothing was changed or deleted. "
+                    "To start over, run again with --run.resume fresh (they are moved "
+                    "aside under the same folder, not deleted)")
             if policy == "require":
-                raise ValueError(f"run.resume: 'require' but {root} holds no committed "
+                raise UsageError(f"run.resume: 'require' but {root} holds no committed "
                                  "checkpoint")
-            return None
+            return Resumed(None, [], [], False)
         if policy == "never":
-            raise ValueError(
+            raise UsageError(
                 f"run.resume: 'never' but {self.run_dir} already holds checkpoints; choose "
                 "another run.name or run.resume 'auto' (nothing was overwritten)")
-        self.checkpoints.restore(found)
+        meta = self.checkpoints.restore(found)
         self.progress.attempts += 1
         self.lr.extra = self.progress.lr_scale
-        return found
+        warning = resume_rules.check(config_from_dict(meta.get("config", {})), self.config,
+                                     self.state.step, (meta.get("optimizer"),
+                                                       optimizer_record(self.optimizer)))
+        return Resumed(found, problems, [], self.state.step >= self.config.train.steps,
+                       warning)
 
     def save(self, reporter: Reporter, clock: RunClock) -> None:
         """Start a checkpoint of the current state; record how long the step waited."""
         self.progress.elapsed_s = clock.elapsed()
         self.checkpoints.lineage = self.progress.run_id
         blocked = self.checkpoints.save(self.state.step, {
-            "config": self.config.to_dict(), "world_size": self.runtime.world_size})
+            "config": self.config.to_dict(), "world_size": self.runtime.world_size,
+            "optimizer": optimizer_record(self.optimizer)})
         reporter.record(self.state.step, {"time/checkpoint_blocking_s": blocked})
 
     def _checkpoint_hook(self, moment: str, step: int, path: Path) -> None:
@@ -154,18 +194,19 @@ class Trainer:
             self.faults.hit("checkpoint_write" if moment == "written" else "checkpoint",
                             step, path)
 
-    def _preempt(self, reporter: Reporter, clock: RunClock) -> None:
+    def _stop(self, reporter: Reporter, clock: RunClock, interrupt: bool) -> None:
         """Commit a checkpoint at this step boundary and stop with a resumable status."""
         if self.checkpoints.last_step != self.state.step:
             self.save(reporter, clock)
         path = self.checkpoints.wait() or self.checkpoints.root / f"step_{self.state.step:09d}"
-        reporter.event(self.state.step, "preempted",
-                       f"preempted: checkpoint {path} committed at step {self.state.step}; "
+        kind = "interrupted" if interrupt else "preempted"
+        reporter.event(self.state.step, kind,
+                       f"{kind}: checkpoint {path} committed at step {self.state.step}; "
                        "run the same command again to continue")
         status_file = os.environ.get(STATUS_FILE_ENV)
         if status_file and self.runtime.is_main:  # how `tandem run` learns why it stopped
-            Path(status_file).write_text(f"preempted {self.state.step}\n")
-        raise Preempted(self.state.step, str(path))
+            Path(status_file).write_text(f"{kind} {self.state.step}\n")
+        raise (Interrupted if interrupt else Preempted)(self.state.step, str(path))
 
     def _rollback(self, bad_step: int, reason: str, reporter: Reporter) -> None:
         """Restore the newest checkpoint before `bad_step` and skip the data since then.
@@ -230,6 +271,21 @@ class Trainer:
             return True
         return False
 
+    def _final_evaluation(self, reporter: Reporter, clock: RunClock) -> bool:
+        """The last evaluation: if it fails, the training before it is committed already."""
+        try:
+            return self._run_evaluation(reporter, clock)
+        except Exception as err:
+            try:
+                saved = self.checkpoints.wait()
+            except checkpoint.CheckpointError:
+                saved = None
+            if saved is not None or self.checkpoints.last_step == self.state.step:
+                err.add_note(f"training reached step {self.state.step} and its checkpoint is "
+                             f"committed ({self.checkpoints.root}); fix the evaluation and run "
+                             "the same command again: it evaluates without training again")
+            raise
+
     # -------------------------------------------------------------------- run
     def run(self, reporter: Reporter) -> dict[str, Any]:
         """Train to `train.steps`, evaluating and checkpointing on schedule. All ranks."""
@@ -254,7 +310,7 @@ class Trainer:
             self._on_schedule(self.state.step == cfg.train.steps, reporter, clock)
             window.resume()
         if not self.last_eval:
-            self._run_evaluation(reporter, clock)
+            self._final_evaluation(reporter, clock)
         self.checkpoints.wait()
         progress.elapsed_s = clock.elapsed()
         return self.summary()
@@ -303,8 +359,8 @@ class Trainer:
             if spikes and self.config.fault.spike == "rollback":
                 spike = min(spikes)
         decision = agree(self.preemption.requested, spike, self.runtime.device)
-        if decision.preempt:
-            self._preempt(reporter, clock)
+        if decision.stop:
+            self._stop(reporter, clock, decision.stop == PreemptionFlag.INTERRUPT)
         if decision.rollback_before:
             self._rollback(decision.rollback_before,
                            f"loss spike at step {decision.rollback_before}", reporter)
@@ -323,7 +379,8 @@ class Trainer:
             self.heartbeat.at(step, "checkpoint")
             self.save(reporter, clock)
         if evaluate_now:
-            reached = self._run_evaluation(reporter, clock)
+            reached = self._final_evaluation(reporter, clock) if last else (
+                self._run_evaluation(reporter, clock))
             if reached and save_now and last:
                 self.save(reporter, clock)  # the checkpoint must know the target is met
         if save_now and not last:

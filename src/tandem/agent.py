@@ -1,0 +1,49 @@
+"""torchrun's agent, with its failure report cut to one line.
+
+`tandem run` starts `python -m tandem.agent ARGS`, which is `torchrun ARGS` except for
+how a failure ends: torchrun prints a ChildFailedError traceback and a table after the
+failed rank's own message; here a rank that stopped with a usage error (exit status 2,
+its one-line message already printed) ends the agent quietly with that status, and any
+other failure is named in one line (rank, exit status, where its traceback is).
+A signal that stops the agent (Ctrl-C, SIGTERM) ends it without a traceback either.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+
+from tandem.errors import USAGE_EXIT_CODE
+
+
+def _quiet_usage_exits(record: logging.LogRecord) -> bool:
+    """Drop torchrun's own line about a worker that exited with a usage error."""
+    return f"(exitcode: {USAGE_EXIT_CODE})" not in record.getMessage()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run torchrun with `argv`; return the job's exit status."""
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
+        _quiet_usage_exits)
+    try:
+        run(parse_args(sys.argv[1:] if argv is None else argv))
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        code = failure.exitcode if failure.exitcode is not None else 1
+        if code != USAGE_EXIT_CODE:
+            how = (f"was killed by signal {-code}" if code < 0
+                   else f"exited with status {code}")
+            sys.stderr.write(f"tandem: rank {rank} (pid {failure.pid}) {how}; its own "
+                             "message is above\n")
+        return code if code > 0 else 1
+    except SignalException as err:
+        return 128 + int(err.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
