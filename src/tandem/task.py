@@ -28,8 +28,10 @@ class Task:
     one process on the whole global batch. ``metrics`` are per-batch means too; tandem
     weights them by batch size when it reduces them across batches and ranks.
 
-    ``loss`` may be called a few extra times on one batch when the monitor calibrates
-    (``monitor.calibrate_at``): it must have no side effects beyond its result.
+    ``loss`` and the metrics are called once on one training batch before the first step,
+    without gradients (a preflight check that each returns one number), and ``loss`` a few
+    extra times on one batch when the monitor calibrates (``monitor.calibrate_at``): they
+    must have no side effects beyond their result.
 
     ``forward(model, batch)`` maps a batch to the model's outputs; the default calls
     ``model(batch[0])`` for a tuple/list batch, ``model(batch["input"])`` for a dict,

@@ -38,7 +38,8 @@ def make_optimizer(params) -> torch.optim.Optimizer:
 
 
 def loss(out: torch.Tensor, batch) -> torch.Tensor:
-    SEEN.extend(int(i) for i in batch[2])
+    if torch.is_grad_enabled():  # a training pass (the preflight check runs without grad)
+        SEEN.extend(int(i) for i in batch[2])
     return nn.functional.mse_loss(out, batch[1])
 
 

@@ -68,8 +68,7 @@ class Trainer:
             batch = preflight.first_batch(self.dataset, list(range(self.micro)))
         batch = to_device(batch, runtime.device)
         with preflight.stage():
-            preflight.check_step(task, self.strategy.module, batch, self.precision.autocast,
-                                 trainable=not self.strategy.shards_weights)
+            preflight.check_step(task, self.strategy.module, batch, self.precision.autocast)
         self.state, self.progress = TrainState(), Progress()
         self.last_eval: dict[str, float] = {}
         self.eval_s = 0.0  # evaluation time of this attempt
@@ -170,12 +169,17 @@ class Trainer:
             raise UsageError(
                 f"run.resume: 'never' but {self.run_dir} already holds checkpoints; choose "
                 "another run.name or run.resume 'auto' (nothing was overwritten)")
-        meta = self.checkpoints.restore(found)
+        meta = checkpoint.read_meta(found)
+        step = int(found.name.removeprefix("step_"))
+        warning = resume_rules.check(config_from_dict(meta.get("config", {})), self.config,
+                                     step, (meta.get("optimizer"),
+                                            optimizer_record(self.optimizer)))
+        names = list(self.checkpoints.states)
+        if resume_rules.OPTIMIZER in warning:  # another optimizer, allowed: start its state
+            names.remove("optim")
+        self.checkpoints.restore(found, names)
         self.progress.attempts += 1
         self.lr.extra = self.progress.lr_scale
-        warning = resume_rules.check(config_from_dict(meta.get("config", {})), self.config,
-                                     self.state.step, (meta.get("optimizer"),
-                                                       optimizer_record(self.optimizer)))
         return Resumed(found, problems, [], self.state.step >= self.config.train.steps,
                        warning)
 

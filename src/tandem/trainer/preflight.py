@@ -107,24 +107,16 @@ def _scalar(value: Any, what: str) -> float:
                      f"{type(value).__name__}")
 
 
-def check_step(task: Task, model: nn.Module, batch: Any, autocast: Any,
-               trainable: bool) -> None:
-    """Forward, loss and every metric on one batch: each must give one number.
-
-    `trainable`: the forward may build a graph here (the module is a plain, local one),
-    so the loss is also checked to depend on the parameters.
-    """
+def check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None:
+    """Forward, loss and every metric on one batch, without gradients: each must give one
+    number. Module buffers (normalisation statistics) are put back afterwards."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    grad = torch.enable_grad() if trainable else torch.no_grad()
     try:
-        with grad, autocast():
+        with torch.no_grad(), autocast():
             outputs = _call("the model's forward on a training batch",
                             lambda: task.run_forward(model, batch))
             loss = _call("Task.loss", lambda: task.loss(outputs, batch))
             value = _scalar(loss, "Task.loss")
-            if trainable and isinstance(loss, torch.Tensor) and not loss.requires_grad:
-                raise ValueError("Task.loss returned a value that does not depend on the "
-                                 "model's parameters (no gradient can flow to them)")
             for name, fn in task.metrics.items():
                 what = f"Task.metrics[{name!r}]"
                 _scalar(_call(what, lambda fn=fn: fn(outputs, batch)), what)

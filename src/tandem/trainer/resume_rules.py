@@ -61,6 +61,14 @@ def optimizer_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
     return [(OPTIMIZER, a, b)] if a != b else []
 
 
+def _shown(value: Any) -> str:
+    if isinstance(value, Mapping) and "type" in value:  # an optimizer record
+        groups = value.get("param_groups") or [{}]
+        settings = ", ".join(f"{k}={v}" for k, v in groups[0].items())
+        return f"{value['type']!r} ({settings})"
+    return repr(value)
+
+
 def lr_note(old: Config, new: Config, step: int) -> str:
     """The lr multiplier at the resume step under the old and the new schedule."""
     before = lr_multiplier(old.optim, step, old.train.steps)
@@ -76,7 +84,7 @@ def check(old: Config, new: Config, step: int, optimizers: tuple[Mapping[str, An
     if not found:
         return ""
     allowed = {k.strip() for k in new.run.allow_changes.split(",") if k.strip()}
-    table = "; ".join(f"{key}: {a!r} -> {b!r}" for key, a, b in found)
+    table = "; ".join(f"{key}: {_shown(a)} -> {_shown(b)}" for key, a, b in found)
     if any(key.startswith(("optim.", "train.steps")) for key, _, _ in found):
         table += f"; {lr_note(old, new, step)}"
     refused = [key for key, _, _ in found if "all" not in allowed and key not in allowed]

@@ -68,6 +68,8 @@ def _holder(run_dir: Path) -> str:
 
 def _lock(run_dir: Path) -> tuple[int | None, str | None]:
     """(the locked directory's fd, None) or (None, what is wrong). Rank 0."""
+    if run_dir.exists() and not run_dir.is_dir():
+        return None, f"run.dir: {str(run_dir)!r} exists and is not a directory"
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
@@ -100,7 +102,12 @@ def take_lease(run_dir: Path, runtime: Runtime) -> Lease:
 
 
 def _check_writable(run_dir: Path) -> str | None:
-    """None if `run_dir` accepts files, else what is wrong."""
+    """None if `run_dir` accepts files (and its checkpoints folder is one), else what is
+    wrong."""
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.exists() and not checkpoints.is_dir():
+        return (f"{str(checkpoints)!r} is not a directory; checkpoints are written there: "
+                "move it away, or give the run another --run.name")
     try:
         with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".probe-"):
             pass

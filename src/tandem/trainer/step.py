@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tandem.errors import UsageError
+
 if TYPE_CHECKING:
     from tandem.trainer.loop import Trainer
 
@@ -54,6 +56,9 @@ class StepRunner:
                 if factor is not None:  # an injected NaN or loss spike
                     loss = loss * factor
                 clock.end()
+                if not loss.requires_grad:  # the same on every rank: a usage error
+                    raise UsageError("Task.loss returned a value that does not depend on "
+                                     "the model's parameters (no gradient can flow to them)")
                 # Mean over the micro-batch / accum, then the mean over ranks: the
                 # gradient of the mean loss over the whole global batch.
                 clock.begin("backward", on_device=True)
