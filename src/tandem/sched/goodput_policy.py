@@ -1,0 +1,181 @@
+"""tandem's goodput policy: elastic sizes that maximise goodput with fairness, resizes that pay.
+
+Each call works in three passes over the active jobs:
+
+1. Admission, least attained service first (higher `priority` before that): each job gets
+   its minimum size while slots last. When jobs outnumber slots this is LAS, which keeps
+   short jobs short.
+2. Growth: the remaining slots go, one upgrade at a time, to the job whose fair utility
+   rises most per slot. A job's speedup at size r is its predicted goodput at r (best
+   batch, packed placement) over its goodput at the fair share (slots / jobs); utility is
+   the power mean's term s**p / p (p = `fairness`, -1 by default as in Pollux: a slot
+   helps a job that has little more than one that already has much).
+3. Placement: jobs that keep their size keep their slots; the rest are packed onto as few
+   nodes as possible, largest first.
+
+A resize must pay for itself: a running job's speedup at any size other than its current
+one is discounted by (H - D) / H, where D is the job's measured restart delay and H the
+horizon over which the gain is collected, taken as the job's age (a job that has run for
+T is expected to run about as long again, the premise of LAS) and at least `horizon_min`.
+So a resize happens only when the predicted gain over H exceeds what D costs.
+
+A job's largest size is capped at `explore` times the largest size it was measured at, so
+an optimistic model of an unmeasured size is tried one step at a time. A job with no
+measurements is assumed to scale linearly up to that cap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tandem.sched.cluster import Cluster, place_packed
+from tandem.sched.goodput import GoodputModel
+from tandem.sched.job import JobView
+from tandem.sched.policy import Allocations
+
+
+@dataclass(frozen=True)
+class GoodputPolicy:
+    """Maximise the fair sum of predicted goodput; resize only when the gain pays the cost."""
+
+    fairness: float = -1.0
+    """Power-mean exponent p of the speedups (1: plain sum; 0: log; < 0: fairer)."""
+    explore: float = 2.0
+    """A job may grow to at most this times its largest measured size."""
+    horizon_min: float = 60.0
+    """Shortest horizon (seconds) over which a resize's gain is collected."""
+    name: str = "goodput"
+
+    def __post_init__(self) -> None:
+        if self.explore < 1:
+            raise ValueError(f"explore: {self.explore} is not allowed; need >= 1")
+        if self.horizon_min <= 0:
+            raise ValueError(f"horizon_min: {self.horizon_min} is not allowed; need > 0")
+
+    def allocate(self, jobs: Sequence[JobView], cluster: Cluster, now: float) -> Allocations:
+        """Sizes by admission and fair goodput growth, then placements (see the module doc)."""
+        if not jobs:
+            return {}
+        fair = max(1, cluster.capacity // len(jobs))
+        values = [self.values(job, cluster, now, fair) for job in jobs]
+        sizes = self._admit(jobs, cluster.capacity)
+        free = cluster.capacity - sum(sizes)
+        self._grow(sizes, values, free)
+        return _place(jobs, sizes, cluster)
+
+    def cap(self, job: JobView, capacity: int) -> int:
+        """Largest size the job may get now."""
+        measured = max(job.max_measured_procs, 1) if job.throughput else 1
+        explored = max(int(self.explore * measured), job.size, job.spec.min_procs)
+        return min(job.spec.max_procs, capacity, explored)
+
+    def speedups(self, job: JobView, cluster: Cluster, fair: int) -> np.ndarray:
+        """Predicted goodput at sizes 0..cap over goodput at the fair share."""
+        top = self.cap(job, cluster.capacity)
+        if job.throughput is None or job.efficiency is None:
+            goodput = np.arange(top + 1, dtype=float)  # unmeasured: linear, optimistic
+        else:
+            model = GoodputModel(job.throughput, job.efficiency, job.spec.limits,
+                                 adapt_batch=job.spec.adapt_batch)
+            goodput = _curve(model, top, cluster.slots_per_node)
+        ref = min(max(fair, job.spec.min_procs), top)
+        return goodput / max(goodput[ref], 1e-12)
+
+    def values(self, job: JobView, cluster: Cluster, now: float, fair: int) -> np.ndarray:
+        """Utility of each size 0..cap, resize cost included; -inf where not allowed."""
+        speed = self.speedups(job, cluster, fair)
+        if job.size:
+            horizon = max(job.age(now), self.horizon_min)
+            keep = max(horizon - job.restart_delay, 0.0) / horizon
+            current = speed[job.size] if job.size < len(speed) else 0.0
+            speed = speed * keep
+            if job.size < len(speed):
+                speed[job.size] = current
+        value = _utility(speed, self.fairness)
+        value[1:job.spec.min_procs] = -np.inf
+        return value
+
+    def _admit(self, jobs: Sequence[JobView], capacity: int) -> list[int]:
+        order = sorted(range(len(jobs)), key=lambda i: (
+            -jobs[i].spec.priority, jobs[i].attained_service, jobs[i].spec.submit_time,
+            jobs[i].job_id))
+        sizes = [0] * len(jobs)
+        free = capacity
+        for i in order:
+            need = jobs[i].spec.min_procs
+            if need <= free:
+                sizes[i] = need
+                free -= need
+        return sizes
+
+    def _grow(self, sizes: list[int], values: list[np.ndarray], free: int) -> None:
+        """Give free slots by the best utility gain per slot until no upgrade gains."""
+        heap: list[tuple[float, int, int, int]] = []
+
+        def push(i: int) -> None:
+            cur, value = sizes[i], values[i]
+            if cur == 0 or cur + 1 >= len(value) or free <= 0:
+                return
+            ahead = value[cur + 1:min(len(value), cur + free + 1)]
+            gain = (ahead - value[cur]) / np.arange(1, len(ahead) + 1)
+            best = int(np.argmax(gain))
+            if gain[best] > 1e-12:
+                heapq.heappush(heap, (-float(gain[best]), i, cur, cur + best + 1))
+
+        for i in range(len(sizes)):
+            push(i)
+        while heap and free > 0:
+            _, i, cur, target = heapq.heappop(heap)
+            if sizes[i] != cur:
+                continue  # stale: the job grew since
+            if target - cur > free:
+                push(i)  # the best step no longer fits: look again within what is free
+                continue
+            sizes[i] = target
+            free -= target - cur
+            push(i)
+
+
+def _utility(speed: np.ndarray, p: float) -> np.ndarray:
+    """The power mean's per-job term: s**p / p (log s at p = 0), -inf for nothing."""
+    with np.errstate(divide="ignore"):
+        if p == 0:
+            value = np.log(speed)
+        else:
+            value = np.where(speed > 0, np.power(np.maximum(speed, 1e-300), p) / p,
+                             -np.inf if p < 0 else 0.0)
+    value[0] = -np.inf if p <= 0 else 0.0
+    return value
+
+
+_CURVES: dict[tuple[GoodputModel, int, int], np.ndarray] = {}
+
+
+def _curve(model: GoodputModel, top: int, slots: int) -> np.ndarray:
+    """Memoised goodput curve: the models are immutable, so equal inputs give equal curves."""
+    key = (model, top, slots)
+    curve = _CURVES.get(key)
+    if curve is None:
+        if len(_CURVES) > 4096:
+            _CURVES.clear()
+        curve = _CURVES[key] = model.curve(top, slots)
+    return curve
+
+
+def _place(jobs: Sequence[JobView], sizes: list[int], cluster: Cluster) -> Allocations:
+    """Jobs keeping their size keep their slots; the others are packed, largest first."""
+    allocations: Allocations = {jobs[i].job_id: jobs[i].placement
+                                for i in range(len(jobs)) if sizes[i] and
+                                sizes[i] == jobs[i].size}
+    free = cluster.free_slots(allocations.values())
+    moving = sorted((i for i in range(len(jobs)) if sizes[i] and sizes[i] != jobs[i].size),
+                    key=lambda i: (-sizes[i], jobs[i].spec.submit_time, jobs[i].job_id))
+    for i in moving:
+        placement = place_packed(sizes[i], free)
+        assert placement is not None, "sizes were chosen within the free slot count"
+        allocations[jobs[i].job_id] = placement
+    return allocations
