@@ -46,13 +46,19 @@ class GoodputPolicy:
     """Power-mean exponent p of the speedups (1: plain sum; 0: log; < 0: fairer)."""
     explore: float = 2.0
     """A job may grow to at most this times its largest measured size."""
+    first_size: int = 1
+    """Most processes a job gets before it has measured anything."""
     horizon_min: float = 60.0
     """Shortest horizon (seconds) over which a resize's gain is collected."""
+    horizon_max: float = float("inf")
+    """Longest horizon (seconds) over which a resize's gain is collected."""
     name: str = "goodput"
 
     def __post_init__(self) -> None:
         if self.explore < 1:
             raise ValueError(f"explore: {self.explore} is not allowed; need >= 1")
+        if self.first_size < 1:
+            raise ValueError(f"first_size: {self.first_size} is not allowed; need >= 1")
         if self.horizon_min <= 0:
             raise ValueError(f"horizon_min: {self.horizon_min} is not allowed; need > 0")
 
@@ -65,22 +71,26 @@ class GoodputPolicy:
         sizes = self._admit(jobs, cluster.capacity)
         free = cluster.capacity - sum(sizes)
         self._grow(sizes, values, free)
-        return _place(jobs, sizes, cluster)
+        movers = {i for i, job in enumerate(jobs) if sizes[i] and sizes[i] == job.size
+                  and self._spread_loss(job, cluster) < self.keep(job, now)}
+        return _place(jobs, sizes, cluster, movers)
 
     def cap(self, job: JobView, capacity: int) -> int:
         """Largest size the job may get now."""
-        measured = max(job.max_measured_procs, 1) if job.throughput else 1
-        explored = max(int(self.explore * measured), job.size, job.spec.min_procs)
+        if job.throughput is None or job.max_measured_procs < 1:
+            explored = self.first_size  # nothing measured yet: start small and learn
+        else:
+            explored = int(self.explore * job.max_measured_procs)
+        explored = max(explored, job.size, job.spec.min_procs)
         return min(job.spec.max_procs, capacity, explored)
 
     def speedups(self, job: JobView, cluster: Cluster, fair: int) -> np.ndarray:
         """Predicted goodput at sizes 0..cap over goodput at the fair share."""
         top = self.cap(job, cluster.capacity)
-        if job.throughput is None or job.efficiency is None:
+        model = _model(job)
+        if model is None:
             goodput = np.arange(top + 1, dtype=float)  # unmeasured: linear, optimistic
         else:
-            model = GoodputModel(job.throughput, job.efficiency, job.spec.limits,
-                                 adapt_batch=job.spec.adapt_batch)
             goodput = _curve(model, top, cluster.slots_per_node)
         ref = min(max(fair, job.spec.min_procs), top)
         return goodput / max(goodput[ref], 1e-12)
@@ -89,15 +99,26 @@ class GoodputPolicy:
         """Utility of each size 0..cap, resize cost included; -inf where not allowed."""
         speed = self.speedups(job, cluster, fair)
         if job.size:
-            horizon = max(job.age(now), self.horizon_min)
-            keep = max(horizon - job.restart_delay, 0.0) / horizon
-            current = speed[job.size] if job.size < len(speed) else 0.0
-            speed = speed * keep
-            if job.size < len(speed):
-                speed[job.size] = current
+            current = speed[job.size] * self._spread_loss(job, cluster)
+            speed = speed * self.keep(job, now)
+            speed[job.size] = current
         value = _utility(speed, self.fairness)
         value[1:job.spec.min_procs] = -np.inf
         return value
+
+    def keep(self, job: JobView, now: float) -> float:
+        """Share of the horizon left to a running job after it pays a restart."""
+        horizon = min(max(job.age(now), self.horizon_min), self.horizon_max)
+        return max(horizon - job.restart_delay, 0.0) / horizon
+
+    def _spread_loss(self, job: JobView, cluster: Cluster) -> float:
+        """Goodput on the job's actual nodes over goodput packed on the fewest nodes."""
+        model = _model(job)
+        nodes = len(set(job.placement))
+        packed = cluster.min_nodes(job.size)
+        if model is None or nodes == packed:
+            return 1.0
+        return model.best(nodes, job.size).goodput / model.best(packed, job.size).goodput
 
     def _admit(self, jobs: Sequence[JobView], capacity: int) -> list[int]:
         order = sorted(range(len(jobs)), key=lambda i: (
@@ -166,8 +187,23 @@ def _curve(model: GoodputModel, top: int, slots: int) -> np.ndarray:
     return curve
 
 
-def _place(jobs: Sequence[JobView], sizes: list[int], cluster: Cluster) -> Allocations:
-    """Jobs keeping their size keep their slots; the others are packed, largest first."""
+def _model(job: JobView) -> GoodputModel | None:
+    """The job's goodput model, or None before it has measured itself."""
+    if job.throughput is None or job.efficiency is None:
+        return None
+    return GoodputModel(job.throughput, job.efficiency, job.spec.limits,
+                        adapt_batch=job.spec.adapt_batch)
+
+
+def _place(jobs: Sequence[JobView], sizes: list[int], cluster: Cluster,
+           movers: set[int]) -> Allocations:
+    """Place jobs: keepers stay, resized ones are packed, spread `movers` consolidate.
+
+    Jobs keeping their size keep their slots. Resized ones are packed, largest first,
+    around them. Then each mover (a job that keeps its size but would gain more than a
+    restart costs on fewer nodes) releases its slots and is packed again; it takes the
+    new placement only if that spans fewer nodes.
+    """
     allocations: Allocations = {jobs[i].job_id: jobs[i].placement
                                 for i in range(len(jobs)) if sizes[i] and
                                 sizes[i] == jobs[i].size}
@@ -178,4 +214,17 @@ def _place(jobs: Sequence[JobView], sizes: list[int], cluster: Cluster) -> Alloc
         placement = place_packed(sizes[i], free)
         assert placement is not None, "sizes were chosen within the free slot count"
         allocations[jobs[i].job_id] = placement
+    for i in sorted(movers, key=lambda i: (-sizes[i], jobs[i].spec.submit_time)):
+        old = jobs[i].placement
+        for node in old:
+            free[node] += 1
+        new = place_packed(len(old), free)
+        assert new is not None, "a job's own released slots are free"
+        if len(set(new)) < len(set(old)):
+            allocations[jobs[i].job_id] = new
+        else:
+            for node in new:
+                free[node] += 1
+            for node in old:
+                free[node] -= 1
     return allocations
