@@ -15,13 +15,18 @@ Each call works in three passes over the active jobs:
 
 A resize must pay for itself: a running job's speedup at any size other than its current
 one is discounted by (H - D) / H, where D is the job's measured restart delay and H the
-horizon over which the gain is collected, taken as the job's age (a job that has run for
-T is expected to run about as long again, the premise of LAS) and at least `horizon_min`.
-So a resize happens only when the predicted gain over H exceeds what D costs.
+horizon over which the gain is collected: the job's age (a job that has run for T is
+expected to run about as long again, the premise of LAS), at least `horizon_min`, at most
+`horizon_max` (the next reallocation comes within a few intervals anyway). So a resize
+happens only when the predicted gain over H exceeds what D costs. A job that keeps its
+size but sits on more nodes than it needs moves onto fewer only on the same terms.
 
 A job's largest size is capped at `explore` times the largest size it was measured at, so
-an optimistic model of an unmeasured size is tried one step at a time. A job with no
-measurements is assumed to scale linearly up to that cap.
+an optimistic model of an unmeasured size is tried one step at a time; a job with no
+measurements gets at most `first_size` processes and is assumed to scale linearly.
+
+The defaults of `explore`, `first_size` and `horizon_max` were chosen by a small sweep on
+the shipped Pollux workloads at 1.0x load (docs/benchmarks.md says how much they matter).
 """
 
 from __future__ import annotations
@@ -44,14 +49,16 @@ class GoodputPolicy:
 
     fairness: float = -1.0
     """Power-mean exponent p of the speedups (1: plain sum; 0: log; < 0: fairer)."""
-    explore: float = 2.0
+    explore: float = 4.0
     """A job may grow to at most this times its largest measured size."""
-    first_size: int = 1
-    """Most processes a job gets before it has measured anything."""
+    first_size: int = 2
+    """Most processes a job gets before it has measured anything (two processes on one
+    node measure compute and synchronisation at once)."""
     horizon_min: float = 60.0
     """Shortest horizon (seconds) over which a resize's gain is collected."""
-    horizon_max: float = float("inf")
-    """Longest horizon (seconds) over which a resize's gain is collected."""
+    horizon_max: float = 180.0
+    """Longest horizon (seconds) over which a resize's gain is collected: in a busy
+    cluster allocations change again within a few scheduling intervals."""
     name: str = "goodput"
 
     def __post_init__(self) -> None:
@@ -59,8 +66,9 @@ class GoodputPolicy:
             raise ValueError(f"explore: {self.explore} is not allowed; need >= 1")
         if self.first_size < 1:
             raise ValueError(f"first_size: {self.first_size} is not allowed; need >= 1")
-        if self.horizon_min <= 0:
-            raise ValueError(f"horizon_min: {self.horizon_min} is not allowed; need > 0")
+        if not 0 < self.horizon_min <= self.horizon_max:
+            raise ValueError(f"horizon_min, horizon_max: {self.horizon_min}, "
+                             f"{self.horizon_max}; need 0 < horizon_min <= horizon_max")
 
     def allocate(self, jobs: Sequence[JobView], cluster: Cluster, now: float) -> Allocations:
         """Sizes by admission and fair goodput growth, then placements (see the module doc)."""
