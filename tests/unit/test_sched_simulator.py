@@ -71,3 +71,34 @@ def test_cli_tiresias_on_a_shipped_workload_matches_the_published_average(capsys
     assert len(out["jcts"]) == 160
     assert out["mean_jct"] == pytest.approx(published["avgs"]["workload-6"], rel=0.05)
     assert out["published_mean_jct"] == published["avgs"]["workload-6"]
+
+
+def test_trace_lookup_reads_measured_rows_and_interpolates_between() -> None:
+    traces = default_traces_dir()
+    app = TraceApplication(traces / "traces" / "cifar10")
+    rows = [line.split(",") for line in
+            (traces / "traces/cifar10/placements.csv").read_text().splitlines()[1:]]
+    measured = {(r[0], float(r[1])): (float(r[2]), float(r[3])) for r in rows}
+    assert app.step_sync((1, 2), 64.0) == measured["12", 64.0]
+    assert app.step_sync((2, 1), 64.0) == measured["12", 64.0]  # same placement, rotated
+    low, high = measured["12", 45.0], measured["12", 64.0]
+    mid = app.step_sync((1, 2), 54.5)
+    assert mid[0] == pytest.approx((low[0] + high[0]) / 2)
+    # five nodes were never measured: between the 4-node and 6-node figures at 10 GPUs
+    five = app.step_sync((2, 2, 2, 2, 2), 128.0)
+    four = app._at_nodes(4, 10, 128.0)
+    six = app._at_nodes(6, 10, 128.0)
+    assert min(four[0], six[0]) <= five[0] <= max(four[0], six[0])
+
+
+def test_goodput_beats_tiresias_on_a_shipped_workload() -> None:
+    from tandem.sched.command import run_workload
+
+    traces = default_traces_dir()
+    published = {name: json.loads((traces / f"results-jobload/{name}-1.0/summary.json")
+                                  .read_text())["avgs"]["workload-3"]
+                 for name in ("pollux", "tiresias")}
+    goodput, _ = run_workload("goodput", "workload-3")
+    assert len(goodput.jcts) == 160
+    assert goodput.mean_jct < 0.75 * published["tiresias"]
+    assert goodput.mean_jct == pytest.approx(published["pollux"], rel=0.10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -62,9 +63,7 @@ class GoodputModel:
         """The goodput-maximising configuration on `procs` processes over `nodes` nodes."""
         if procs < 1 or nodes < 1 or nodes > procs:
             raise ValueError(f"nodes {nodes}, procs {procs}: need 1 <= nodes <= procs")
-        goodput, atomic, accum = self._best(np.array([nodes]), np.array([procs]))
-        batch = procs * int(atomic[0]) * (int(accum[0]) + 1)
-        return BatchConfig(int(atomic[0]), int(accum[0]), batch, float(goodput[0]))
+        return _best_config(self, nodes, procs)
 
     def curve(self, max_procs: int, slots_per_node: int) -> np.ndarray:
         """Best goodput at 0..max_procs processes, each packed on as few nodes as possible."""
@@ -103,3 +102,11 @@ class GoodputModel:
         best = np.argmax(goodput, axis=1)
         rows = np.arange(len(procs))
         return goodput[rows, best], atomic[rows, best], accum[rows, best]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _best_config(model: GoodputModel, nodes: int, procs: int) -> BatchConfig:
+    """Memoised `GoodputModel.best`: the models are immutable, so equal inputs agree."""
+    goodput, atomic, accum = model._best(np.array([nodes]), np.array([procs]))
+    batch = procs * int(atomic[0]) * (int(accum[0]) + 1)
+    return BatchConfig(int(atomic[0]), int(accum[0]), batch, float(goodput[0]))
