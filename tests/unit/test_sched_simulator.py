@@ -41,7 +41,7 @@ def test_fifo_jcts_by_hand(tmp_path: Path) -> None:
     assert result.jcts == pytest.approx({"a": 90.0, "b": 200.0})
     assert result.mean_jct == pytest.approx(145.0)
     assert result.makespan == pytest.approx(210.0)
-    assert result.restarts == 0 and result.preemptions == 0
+    assert result.restarts == 0 and result.resizes == 0 and result.preemptions == 0
 
 
 def test_preemption_costs_a_restart_by_hand(tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_preemption_costs_a_restart_by_hand(tmp_path: Path) -> None:
     # t=120: both demoted, FIFO in queue 1: long resumes, 120-150 delay, done at 180.
     # t=180: short resumes, 180-210 delay, done at 240.
     assert result.jcts == pytest.approx({"long": 180.0, "short": 190.0})
-    assert result.restarts == 2 and result.preemptions == 2
+    assert result.restarts == 2 and result.preemptions == 2 and result.resizes == 0
 
 
 def test_cli_tiresias_on_a_shipped_workload_matches_the_published_average(capsys) -> None:

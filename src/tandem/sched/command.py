@@ -95,13 +95,19 @@ def _simulate(ns: argparse.Namespace, console: Console) -> int:
         return 0
     table = Table(title=f"{ns.policy} on {path.stem} (load {ns.load}, "
                         f"{ns.nodes} x {ns.gpus_per_node})")
-    for column in ("jobs", "mean JCT s", "published s", "ratio", "makespan s", "restarts",
-                   "preemptions", "wall s"):
-        table.add_column(column, justify="right")
-    table.add_row(str(len(result.jcts)), f"{result.mean_jct:.0f}",
-                  f"{published:.0f}" if published else "-",
-                  f"{result.mean_jct / published:.3f}" if published else "-",
-                  f"{result.makespan:.0f}", str(result.restarts), str(result.preemptions),
-                  f"{result.wall_s:.1f}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    rows = [("jobs completed", str(len(result.jcts))),
+            ("mean JCT (s)", f"{result.mean_jct:.0f}"),
+            (f"published mean JCT, {PUBLISHED.get(ns.policy)} (s)",
+             f"{published:.0f}" if published else "-"),
+            ("ours / published", f"{result.mean_jct / published:.3f}" if published else "-"),
+            ("makespan (s)", f"{result.makespan:.0f}"),
+            ("restarts (resizes, moves, resumptions)", str(result.restarts)),
+            ("resizes", str(result.resizes)),
+            ("preemptions", str(result.preemptions)),
+            ("simulation wall time (s)", f"{result.wall_s:.1f}")]
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     return 0

@@ -34,6 +34,7 @@ class SimJob:
         self.service = 0.0
         self.restarts = -1  # the first start is not a restart
         self.preemptions = 0
+        self.resizes = 0
         self.pending_delay = 0.0
         self.done_at: float | None = None
         self._samples: dict[tuple[int, int, float], StepSample] = {}
@@ -58,6 +59,8 @@ class SimJob:
 
     def reallocate(self, placement: Placement) -> None:
         """Move to `placement` (empty: preempted); a non-empty one costs a restart."""
+        if placement and self.placement and len(placement) != len(self.placement):
+            self.resizes += 1
         self.placement = placement
         self.counts = node_counts(placement)
         if not placement:

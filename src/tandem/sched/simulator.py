@@ -32,6 +32,8 @@ class SimResult:
     """Time the last job finished, seconds from the start of the schedule."""
     restarts: int
     """Restarts after first starts (resizes, moves, resumptions), over all jobs."""
+    resizes: int
+    """Restarts of a running job at another size (part of `restarts`)."""
     preemptions: int
     """Times a running job was stopped with nothing to run on."""
     wall_s: float
@@ -46,7 +48,8 @@ class SimResult:
     def to_json(self) -> dict[str, object]:
         """A JSON-ready summary."""
         return {"policy": self.policy, "mean_jct": self.mean_jct, "makespan": self.makespan,
-                "restarts": self.restarts, "preemptions": self.preemptions,
+                "restarts": self.restarts, "resizes": self.resizes,
+                "preemptions": self.preemptions,
                 "wall_s": self.wall_s, "jcts": self.jcts,
                 "per_job_restarts": self.per_job_restarts}
 
@@ -59,6 +62,13 @@ def simulate(specs: Sequence[JobSpec], apps: dict[str, TraceApplication], policy
         raise ValueError(f"interval: {interval} is not allowed; need > 0")
     if restart_delay < 0:
         raise ValueError(f"restart_delay: {restart_delay} is not allowed; need >= 0")
+    for spec in specs:
+        if spec.min_procs > cluster.capacity:
+            raise ValueError(f"job {spec.job_id!r}: min_procs {spec.min_procs} exceeds the "
+                             f"cluster's {cluster.capacity} slots; it could never run")
+        if spec.application not in apps:
+            raise ValueError(f"job {spec.job_id!r}: no traces for application "
+                             f"{spec.application!r}; known: {sorted(apps)}")
     started = time.perf_counter()
     jobs = [SimJob(spec, apps[spec.application], restart_delay)
             for spec in sorted(specs, key=lambda s: (s.submit_time, s.job_id))]
@@ -84,6 +94,7 @@ def simulate(specs: Sequence[JobSpec], apps: dict[str, TraceApplication], policy
               if j.done_at is not None},
         makespan=max(j.done_at or 0.0 for j in jobs),
         restarts=sum(max(j.restarts, 0) for j in jobs),
+        resizes=sum(j.resizes for j in jobs),
         preemptions=sum(j.preemptions for j in jobs),
         wall_s=time.perf_counter() - started,
         per_job_restarts={j.spec.job_id: max(j.restarts, 0) for j in jobs})
