@@ -51,7 +51,7 @@ class JobSpec:
     adapt_batch: bool = False
     """Whether the job lets the scheduler grow its global batch for goodput."""
     priority: int = 0
-    """Larger is more important; a weight in the goodput policy, a tie-break elsewhere."""
+    """Larger is admitted first by the goodput policy (FIFO and Tiresias order by time)."""
     limits: BatchLimits = field(default_factory=BatchLimits)
     """Micro-batch and global batch bounds."""
     application: str = ""
