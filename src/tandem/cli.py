@@ -1,4 +1,4 @@
-"""The `tandem` command: run, config, runs, report, compare, tune."""
+"""The `tandem` command: run, config, runs, report, compare, tune, scheduler."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     from tandem.tune.command import add_arguments as tune_arguments
 
     tune_arguments(tune)
+    scheduler = sub.add_parser("scheduler", help="schedule many jobs on a cluster (simulate)")
+    from tandem.sched.command import add_arguments as scheduler_arguments
+
+    scheduler_arguments(scheduler)
     return parser
 
 
@@ -106,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             from tandem.tune.command import run as tune
 
             return tune(ns, console)
+        elif ns.command == "scheduler":
+            from tandem.sched.command import run as scheduler
+
+            return scheduler(ns, console)
     except ValueError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
         return 2
