@@ -17,13 +17,15 @@ import psutil
 import torch
 
 from tandem.monitor.detect import Event, HealthDetectors
+from tandem.monitor.noise import NoiseScale
 from tandem.monitor.phases import PHASES, PhaseClock
 from tandem.monitor.system import SystemSampler
 from tandem.monitor.window import Row, gather, rank_rows
 from tandem.parallel.tensor import local
 
 UPDATE_SAMPLE_BYTES = 32 * 2**20  # most weight bytes copied to measure the update ratio
-_FIXED = ("loss_sum", "steps", "busy", "samples", "update_sq", "weight_sq", *PHASES, "rss")
+_FIXED = ("loss_sum", "steps", "busy", "samples", "update_sq", "weight_sq", "small_grad_sq",
+          "big_grad_sq", "b_small", "b_big", *PHASES, "rss")
 
 
 @dataclass
@@ -49,6 +51,9 @@ class LiveMonitor:
         self._samples = 0  # global samples of the open window (the same on every rank)
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (|dw|^2, |w|^2)
         self._sample: list[int] | None = None  # indices of the parameters measured
+        # (|g_local|^2, |g|^2, B_small, B_big) of the window's measured step, for B_noise
+        self._noise_in: tuple[torch.Tensor, torch.Tensor, int, int] | None = None
+        self.noise = NoiseScale()
         self.tokens_per_sample = tokens_per_sample
         self.clock = PhaseClock(device, enabled=timing)
         self.detectors = HealthDetectors()
@@ -100,6 +105,13 @@ class LiveMonitor:
         upd = torch.stack(torch._foreach_norm(before)).double().square().sum()
         self._update = (upd, weight)
 
+    def gradient_sizes(self, local_sq: torch.Tensor, global_sq: torch.Tensor, b_small: int,
+                       b_big: int) -> None:
+        """Keep one step's |g_local|^2 (this rank's B_small samples, before the all-reduce)
+        and |g|^2 (all B_big samples) for the gradient noise scale (no sync)."""
+        self._noise_in = (local_sq.detach().double(), global_sq.detach().double(), b_small,
+                          b_big)
+
     def percentiles(self) -> dict[str, float]:
         """p50 and p95 of this rank's step times so far (host clock)."""
         if not self.step_times:
@@ -119,13 +131,18 @@ class LiveMonitor:
         losses = torch.cat([torch.stack(self._losses), nan])
         norms = torch.cat([torch.stack(self._norms), nan])
         phases = self.clock.collect()
-        fixed = [0.0, float(n), busy, float(self._samples), math.nan, math.nan,
-                 *(phases[p] for p in PHASES), float(self._process.memory_info().rss)]
+        fixed = [0.0, float(n), busy, float(self._samples), math.nan, math.nan, math.nan,
+                 math.nan, 0.0, 0.0, *(phases[p] for p in PHASES),
+                 float(self._process.memory_info().rss)]
         head = torch.tensor(fixed, dtype=torch.float64, device=self.device)
         head[0] = losses[:n].sum()
         if self._update is not None:
             head[4], head[5] = self._update
             self._update = None
+        if self._noise_in is not None:
+            head[6], head[7] = self._noise_in[0], self._noise_in[1]
+            head[8], head[9] = float(self._noise_in[2]), float(self._noise_in[3])
+            self._noise_in = None
         return torch.cat([head, losses.double(), norms.double()])
 
     def close(self, step: int, busy: float, extra: dict[str, float]) -> Window | None:
@@ -170,6 +187,7 @@ class LiveMonitor:
             u, w = (sum(update), sum(weight)) if self.sharded else (update[0], weight[0])
             if w > 0:
                 rows.append((step, -1, "update_ratio", math.sqrt(u / w)))
+        rows += self._noise_rows(step, fixed)
         phases = {p: statistics.fmean(fixed[p]) / steps for p in PHASES}
         phases["compute"] = phases["forward"] + phases["backward"]
         exposed = self.static.get("time/comm_exposed")
@@ -187,6 +205,18 @@ class LiveMonitor:
         events = self._detect(step, per_step_loss, grad_norms[:steps], rate,
                               statistics.fmean(fixed["data"]) / max(busy, 1e-12))
         return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events)
+
+    def _noise_rows(self, step: int, fixed: dict[str, list[float]]) -> list[Row]:
+        """The gradient noise scale, updated with the window's measured step."""
+        small = [v for v in fixed["small_grad_sq"] if math.isfinite(v)]
+        if len(small) != self.world or not math.isfinite(fixed["big_grad_sq"][0]):
+            return []
+        small_sq, big_sq = statistics.fmean(small), fixed["big_grad_sq"][0]
+        self.noise.update(small_sq, big_sq, int(fixed["b_small"][0]), int(fixed["b_big"][0]))
+        rows: list[Row] = [(step, -1, "gns/small_grad_sq", small_sq),
+                           (step, -1, "gns/big_grad_sq", big_sq)]
+        value = self.noise.value()
+        return rows + ([] if value is None else [(step, -1, "grad_noise_scale", value)])
 
     def _per_rank(self, step: int, fixed: dict[str, list[float]], steps: int) -> list[Row]:
         """Each rank's step, memory, straggler score (its wait: backward) and phases."""

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 from typing import ClassVar
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -68,9 +69,18 @@ class DDPStrategy(Strategy):
     def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
         """What the comm hook sent per step (DDP's own all-reduce: from the sizes)."""
         stats = self.stats
-        if stats is not None and (stats.steps or stats.fixed_bytes is not None):
+        if stats is not None and stats.steps:
             return {"comm/bytes_per_step": stats.bytes_per_step()}
         return {}
+
+    def arm_gradient_probe(self) -> None:
+        """Measure this rank's own gradient (before the all-reduce) in the next backward."""
+        if self.stats is not None:
+            self.stats.armed, self.stats.local_sq = True, None
+
+    def take_local_grad_sq(self) -> torch.Tensor | None:
+        """|g_local|^2 that the armed probe measured (None: not measured)."""
+        return self.stats.take_local_sq() if self.stats is not None else None
 
     @contextlib.contextmanager
     def calibrating(self, one_pass: Pass) -> Iterator[None]:

@@ -38,19 +38,31 @@ class CommStats:
 
     A hook adds the bytes of each bucket it communicates; the step ends at DDP's last
     bucket. `bytes_per_step` averages the last `window` steps, so a hook that changes
-    behaviour (PowerSGD after its warm-up) reports what it sends now. With no hook (DDP's
-    own fp32 all-reduce) the figure is computed once from the parameters.
+    behaviour (PowerSGD after its warm-up) reports what it sends now.
     """
 
-    def __init__(self, hook: str, world_size: int, window: int = 20,
-                 fixed_bytes: float | None = None) -> None:
+    def __init__(self, hook: str, world_size: int, window: int = 20) -> None:
         self.hook = hook
         self.world_size = world_size
-        self.fixed_bytes = fixed_bytes
         self._steps: deque[float] = deque(maxlen=window)
         self._current = 0.0
         self.steps = 0
         self.state: Any = None  # the hook's own state (error feedback, residuals, counters)
+        # The gradient-noise probe: while armed, the squared norm of this rank's own
+        # gradient (each bucket before it is communicated) is summed here, on the device.
+        self.armed = False
+        self.local_sq: torch.Tensor | None = None
+
+    def probe(self, bucket: dist.GradBucket) -> None:
+        """Add this bucket's squared norm, before any communication, when armed."""
+        if self.armed:
+            sq = bucket.buffer().detach().float().pow(2).sum()
+            self.local_sq = sq if self.local_sq is None else self.local_sq + sq
+
+    def take_local_sq(self) -> torch.Tensor | None:
+        """The summed squared norm since arming (None if nothing was seen); disarm."""
+        found, self.local_sq, self.armed = self.local_sq, None, False
+        return found
 
     def save(self) -> dict[str, Any]:
         """A copy of the counters and of the hook's state, for `restore` (calibration)."""
@@ -80,8 +92,6 @@ class CommStats:
 
     def bytes_per_step(self) -> float:
         """Mean bytes sent per step over the last steps (0.0 before the first step)."""
-        if self.fixed_bytes is not None:
-            return self.fixed_bytes
         return sum(self._steps) / len(self._steps) if self._steps else 0.0
 
 
@@ -116,8 +126,10 @@ def _counted(inner: Hook, stats: CommStats,
     """`inner`, counting the bytes `measure` reports for each bucket first."""
 
     def hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        # Measured before `inner` runs: PowerSGD advances its step counter inside.
+        # Measured before `inner` runs: PowerSGD advances its step counter inside, and
+        # compression (or the all-reduce itself) changes the buffer.
         stats.add(measure(bucket), bucket.is_last())
+        stats.probe(bucket)
         return inner(state, bucket)
 
     hook.__name__ = hook.__qualname__ = f"counted_{inner.__name__}"
@@ -158,12 +170,13 @@ def register(ddp: DistributedDataParallel, name: str, *, backend: str,
     """
     _check(name, backend, powersgd_rank, powersgd_warmup, topk_ratio)
     world = dist.get_world_size(ddp.process_group)
-    if name == "none":
-        grads = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)
-        return CommStats(name, world, fixed_bytes=ring_allreduce_bytes(grads, world))
     stats = CommStats(name, world)
     group = ddp.process_group
-    if name in ("fp16", "bf16"):
+    if name == "none":  # DDP's own fp32 all-reduce, counted and probed
+        ddp.register_comm_hook(group, _counted(
+            default_hooks.allreduce_hook, stats,
+            lambda b: ring_allreduce_bytes(_bucket_bytes(b), world)))
+    elif name in ("fp16", "bf16"):
         inner = default_hooks.fp16_compress_hook if name == "fp16" else (
             default_hooks.bf16_compress_hook)
         half = _counted(inner, stats,

@@ -112,6 +112,15 @@ class Strategy:
     def after_step(self, step: int, last: bool) -> None:
         """After the optimizer step `step` (steps done so far); `last`: the run's last."""
 
+    def arm_gradient_probe(self) -> None:
+        """Measure this rank's own gradient norm in the next synchronising backward, before
+        any communication (the gradient noise scale's small-batch gradient). Plans that
+        cannot see it do nothing."""
+
+    def take_local_grad_sq(self) -> torch.Tensor | None:
+        """|g_local|^2 the armed probe measured (None: not measured), and disarm."""
+        return None
+
     def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
         """What the plan sent (and waited for) over the window's `steps` optimizer steps
         of `micro_batches` forward/backward passes in all; counters restart after."""

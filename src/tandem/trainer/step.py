@@ -41,6 +41,8 @@ class StepRunner:
         factor = t.faults.loss_factor(step) if t.faults is not None else None
         total = torch.zeros((), device=t.runtime.device)
         accum = size // (t.micro * t.layout.dp_size)
+        # Once per window: this rank's own gradient too, for the gradient noise scale.
+        probe = t.config.monitor.timing and t.monitor.wants_update_ratio(step)
         for k in range(accum):
             self.fault("data")
             clock.begin("data")
@@ -61,6 +63,8 @@ class StepRunner:
                                      "the model's parameters (no gradient can flow to them)")
                 # Mean over the micro-batch / accum, then the mean over ranks: the
                 # gradient of the mean loss over the whole global batch.
+                if probe and k == accum - 1:
+                    strategy.arm_gradient_probe()
                 clock.begin("backward", on_device=True)
                 precision.backward(loss / accum)
                 clock.end()
@@ -69,7 +73,12 @@ class StepRunner:
         strategy.after_backward()
         clock.end()
         self.fault("optim")
+        local_sq = strategy.take_local_grad_sq() if probe else None
+        scale = precision.loss_scale  # fp16: the probe saw gradients at this scale
         norm, skip = self._update(step)
+        if local_sq is not None and not skip:
+            t.monitor.gradient_sizes(local_sq / scale**2, norm.detach().double() ** 2,
+                                     size // t.layout.dp_size, size)
         return total / accum, norm, skip, accum
 
     def _update(self, step: int) -> tuple[torch.Tensor, bool]:
