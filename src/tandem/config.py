@@ -401,9 +401,6 @@ def validate(config: Config) -> Config:
     if config.monitor.prometheus_port < -1 or config.monitor.prometheus_port > 65535:
         raise ValueError(f"monitor.prometheus_port: {config.monitor.prometheus_port} must be "
                          "-1 (off), 0 (a free port) or a port number")
-    from tandem.monitor.sinks import check_sink_packages  # no torch import: cheap
-
-    check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
     if config.run.name and ("/" in config.run.name or config.run.name in (".", "..")):
         raise ValueError(f"run.name: {config.run.name!r} must be a plain name without '/'")
     return config

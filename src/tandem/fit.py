@@ -21,7 +21,7 @@ from tandem.config import USAGE, Config, load, parse_args, reference, validate
 from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
 from tandem.monitor.recorder import Recorder, new_run_id, record_failure
-from tandem.monitor.sinks import Fanout, open_sinks
+from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
 from tandem.monitor.store import store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
@@ -82,9 +82,12 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
     checkpoint (exit status 130), SIGTERM likewise (75).
     """
     if config is not None:
-        return _run(task, validate(config), script=False)
+        config = validate(config)
+        check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
+        return _run(task, config, script=False)
     try:
         config = config_from_argv(sys.argv[1:] if argv is None else argv, defaults)
+        check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
     except ValueError as err:
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
     return _run(task, config, script=True)

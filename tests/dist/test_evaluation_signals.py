@@ -8,11 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import tandem
-from tandem.parallel.ddp import DDPStrategy
 from tandem.analyze.diagnose import diagnose
 from tandem.monitor.store import RunStore
 from tests.dist import toy_task
@@ -36,20 +34,13 @@ def _fit(rank: int, world: int, out: str, case: str) -> None:
         task = tandem.Task(model=toy_task.make_model, optimizer=toy_task.make_optimizer,
                            train_data=SlowData, loss=toy_task.loss)
     elif case == "comm":
-        wrap = DDPStrategy._wrap
+        allreduce = default_hooks.allreduce_hook
 
-        def slow_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
+        def slow_link(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations
             time.sleep(0.03)  # a slow link: the all-reduce cannot hide behind backward
-            return dist.all_reduce(bucket.buffer().div_(world), async_op=True).get_future().then(
-                lambda fut: fut.value()[0])
+            return allreduce(state, bucket)
 
-        def wrap_slow(self, model):  # type: ignore[no-untyped-def]
-            model = wrap(self, model)
-            if isinstance(model, DistributedDataParallel):
-                model.register_comm_hook(None, slow_hook)
-            return model
-
-        DDPStrategy._wrap = wrap_slow  # type: ignore[method-assign]
+        default_hooks.allreduce_hook = slow_link
     cfg = toy_task.config(out, 40, 40, monitor={"log_every": 5, "calibrate_at": 5},
                           checkpoint={"at_end": False})
     tandem.fit(task, config=cfg)
@@ -79,13 +70,32 @@ def test_a_slow_dataset_is_diagnosed_input_bound(tmp_path: Path) -> None:
     assert "input-bound" in found
 
 
+def _job(metrics: list[dict], name: str) -> list[float]:
+    return [m["value"] for m in metrics if m["name"] == name and m["rank"] == -1]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [1, 2])
-def test_exposed_communication_is_measured(tmp_path: Path, world: int) -> None:
+def test_a_slow_link_is_exposed_wire_not_waiting(tmp_path: Path, world: int) -> None:
     run_ranks(_fit, world, str(tmp_path), "comm", timeout=100)
     _, metrics = _findings(tmp_path)
-    exposed = [m["value"] for m in metrics if m["name"] == "time/comm_exposed"]
-    if world == 1:
-        assert exposed and max(exposed) == 0.0
-    else:
-        assert exposed and min(exposed) > 0.02  # the 30 ms sleep, less any overlap
+    exposed, wait = _job(metrics, "time/comm_exposed"), _job(metrics, "time/sync_wait")
+    if world == 1:  # nothing is communicated
+        assert exposed and max(exposed) == 0.0 and max(wait) == 0.0
+    else:  # every rank waits the 30 ms in its hook: wire, the same on both ranks
+        assert exposed and min(exposed) > 0.025
+        assert max(wait) < 0.01
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_rank_makes_the_others_wait_not_the_wire(tmp_path: Path) -> None:
+    run_ranks(_fit, 2, str(tmp_path), "straggler", timeout=100)
+    _, metrics = _findings(tmp_path)
+    exposed, wait = _job(metrics, "time/comm_exposed"), _job(metrics, "time/sync_wait")
+    # Rank 1 sleeps 30 ms each step: rank 0 waits for it in the all-reduce (a mean wait
+    # of 15 ms over the two ranks), while the exposed wire stays small.
+    waits = wait[1:]
+    assert waits and min(waits) > 0.01 and max(exposed[1:]) < 0.01
+    rank0 = [m["value"] for m in metrics if m["name"] == "time/comm_tail" and m["rank"] == 0]
+    rank1 = [m["value"] for m in metrics if m["name"] == "time/comm_tail" and m["rank"] == 1]
+    assert min(rank0[1:]) > 0.02 > max(rank1[1:])

@@ -125,7 +125,8 @@ class DyingLoaderData(toy_task.IndexedData):
 
     def __getitem__(self, i: int):  # type: ignore[no-untyped-def]
         marker = Path(os.environ["TANDEM_TEST_MARKER"])
-        if i == 0:
+        # Only the loader's workers count (the preflight reads sample 0 in the main process).
+        if i == 0 and torch.utils.data.get_worker_info() is not None:
             if marker.exists():
                 os.kill(os.getpid(), signal.SIGKILL)
             marker.touch()

@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 
 import psutil
 import torch
+from torch.distributed.tensor import DTensor
 
+from tandem.monitor import commsplit
 from tandem.monitor.detect import Event, HealthDetectors
 from tandem.monitor.noise import NoiseScale
 from tandem.monitor.phases import PHASES, PhaseClock
 from tandem.monitor.system import SystemSampler
 from tandem.monitor.window import Row, gather, rank_rows
-from tandem.parallel.tensor import local
 
 UPDATE_SAMPLE_BYTES = 32 * 2**20  # most weight bytes copied to measure the update ratio
 _FIXED = ("loss_sum", "steps", "busy", "samples", "update_sq", "weight_sq", "small_grad_sq",
@@ -37,6 +38,12 @@ class Window:
     samples_per_s: float
     rows: list[Row] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    step_s: float = 0.0  # the job's seconds per step in this window
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of `tensor` this rank holds (a DTensor's local shard)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 class LiveMonitor:
@@ -44,10 +51,12 @@ class LiveMonitor:
 
     def __init__(self, *, device: torch.device, rank: int, world_size: int, log_every: int,
                  tokens_per_sample: int | None, timing: bool = True,
-                 sharded: bool = False) -> None:
+                 sharded: bool = False, measures_comm: bool = True) -> None:
         self.device, self.rank, self.world = device, rank, world_size
         self.log_every = log_every
         self.sharded = sharded  # each rank holds a part of the weights (FSDP)
+        # The plan times its communication on the critical path (else: not known).
+        self.measures_comm = measures_comm and timing
         self._samples = 0  # global samples of the open window (the same on every rank)
         self._update: tuple[torch.Tensor, torch.Tensor] | None = None  # (|dw|^2, |w|^2)
         self._sample: list[int] | None = None  # indices of the parameters measured
@@ -189,10 +198,16 @@ class LiveMonitor:
                 rows.append((step, -1, "update_ratio", math.sqrt(u / w)))
         rows += self._noise_rows(step, fixed)
         phases = {p: statistics.fmean(fixed[p]) / steps for p in PHASES}
-        phases["compute"] = phases["forward"] + phases["backward"]
-        exposed = self.static.get("time/comm_exposed")
-        if exposed is not None:  # backward waits for the all-reduce: not compute
-            phases["compute"] = max(0.0, phases["compute"] - exposed)
+        # Backward's wait for the all-reduce is not compute.
+        phases["compute"] = max(0.0, phases["forward"] + phases["backward"]
+                                - phases["comm_tail"])
+        if self.world == 1:  # nothing crosses a process boundary
+            phases |= {"comm_exposed": 0.0, "sync_wait": 0.0}
+        elif self.measures_comm:
+            exposed = [(t + c) / steps for t, c in zip(fixed["comm_tail"], fixed["comm"],
+                                                       strict=True)]
+            phases |= {k.removeprefix("time/"): v for k, v in commsplit.rows(
+                exposed, {**self.static, **extra}, self.world).items()}
         rows += [(step, -1, f"time/{phase}", value) for phase, value in phases.items()]
         flops, peak = self.static.get("flops/per_rank_step"), self.static.get("flops/peak")
         if flops and peak and busy > 0:
@@ -204,7 +219,8 @@ class LiveMonitor:
                                                                **system}.items()]
         events = self._detect(step, per_step_loss, grad_norms[:steps], rate,
                               statistics.fmean(fixed["data"]) / max(busy, 1e-12))
-        return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events)
+        return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events,
+                      step_s=busy / steps)
 
     def _noise_rows(self, step: int, fixed: dict[str, list[float]]) -> list[Row]:
         """The gradient noise scale, updated with the window's measured step."""

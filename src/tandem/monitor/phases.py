@@ -12,10 +12,17 @@ from collections import defaultdict
 
 import torch
 
+from tandem.clocks import Mark
+
 # h2d is the host-to-device copy on the critical path. tandem copies batches one step
 # ahead on a side CUDA stream (data/loader.py), so in its own loop this stays 0; the
 # phase exists for the report's breakdown and for paths that copy synchronously.
-PHASES = ("data", "h2d", "forward", "backward", "optim")
+# comm is communication on the step's critical path outside backward (the data-parallel
+# all-reduce of tensor parallelism, a local-SGD meeting); comm_tail is the part of
+# backward after this rank's last gradient was ready, waiting for DDP's all-reduce (a
+# part of backward, kept apart: wire time the backward could not hide, and the wait for
+# slower ranks).
+PHASES = ("data", "h2d", "forward", "backward", "comm", "optim", "comm_tail")
 
 
 class PhaseClock:
@@ -51,6 +58,15 @@ class PhaseClock:
         stop = torch.cuda.Event(enable_timing=True)
         stop.record()
         self._pending.append((phase, event, stop))  # type: ignore[arg-type]
+
+    def interval(self, phase: str, start: Mark | None, stop: Mark) -> None:
+        """Add the time from `start` to `stop` (made by `mark`, in any thread) to `phase`."""
+        if not self.enabled or start is None:
+            return
+        if isinstance(start, float) and isinstance(stop, float):
+            self.host[phase] += max(0.0, stop - start)
+        elif not isinstance(start, float) and not isinstance(stop, float):
+            self._pending.append((phase, start, stop))
 
     def collect(self) -> dict[str, float]:
         """Seconds per phase since the last collect (synchronises CUDA events once)."""

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from tandem.clocks import Mark
 from tandem.parallel import hooks
 from tandem.parallel.hierarchical import register_hierarchical
 from tandem.parallel.strategy import Build, Pass, Strategy, fresh_copy
@@ -70,8 +71,13 @@ class DDPStrategy(Strategy):
         """What the comm hook sent per step (DDP's own all-reduce: from the sizes)."""
         stats = self.stats
         if stats is not None and stats.steps:
-            return {"comm/bytes_per_step": stats.bytes_per_step()}
+            return {"comm/bytes_per_step": stats.bytes_per_step(),
+                    "comm/buckets_per_step": float(stats.buckets)}
         return {}
+
+    def take_comm_mark(self) -> Mark | None:
+        """When the last bucket was ready: backward waits from there for the all-reduce."""
+        return self.stats.take_last_ready() if self.stats is not None else None
 
     def arm_gradient_probe(self) -> None:
         """Measure this rank's own gradient (before the all-reduce) in the next backward."""

@@ -121,6 +121,7 @@ class FSDPStrategy(Strategy):
     shards_weights: ClassVar[bool] = True
     syncs_each_backward: ClassVar[bool] = True
     wraps_meta: ClassVar[bool] = True
+    times_comm: ClassVar[bool] = False  # FSDP2's collectives run inside its own hooks
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         plan = self.plan

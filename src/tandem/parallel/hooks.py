@@ -19,6 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from tandem.clocks import mark
 from tandem.parallel.topk import TopKState, topk_hook
 
 log = logging.getLogger("tandem")
@@ -52,6 +53,21 @@ class CommStats:
         # gradient (each bucket before it is communicated) is summed here, on the device.
         self.armed = False
         self.local_sq: torch.Tensor | None = None
+        # When this rank's last gradient bucket became ready (host clock, or a CUDA event
+        # on the backward stream): backward waits from here until the all-reduce is done.
+        self.last_ready: float | torch.cuda.Event | None = None
+        self.buckets = 0  # buckets per step (the wire-time model counts their latency)
+
+    def ready(self, bucket: dist.GradBucket) -> None:
+        """Note when the step's last bucket is ready to be communicated."""
+        if bucket.is_last():
+            self.buckets = bucket.index() + 1
+            self.last_ready = mark(bucket.buffer().is_cuda)
+
+    def take_last_ready(self) -> float | torch.cuda.Event | None:
+        """When the last step's last bucket was ready (None: no synchronised backward)."""
+        found, self.last_ready = self.last_ready, None
+        return found
 
     def probe(self, bucket: dist.GradBucket) -> None:
         """Add this bucket's squared norm, before any communication, when armed."""
@@ -130,6 +146,7 @@ def _counted(inner: Hook, stats: CommStats,
         # compression (or the all-reduce itself) changes the buffer.
         stats.add(measure(bucket), bucket.is_last())
         stats.probe(bucket)
+        stats.ready(bucket)
         return inner(state, bucket)
 
     hook.__name__ = hook.__qualname__ = f"counted_{inner.__name__}"

@@ -15,7 +15,6 @@ Either sends the model once per H steps instead of the gradients every step: abo
 
 from __future__ import annotations
 
-import time
 from typing import Any, ClassVar
 
 import torch
@@ -114,25 +113,19 @@ class LowCommStrategy(Strategy):
         self.meetings = LowCommSync(model, method=self.name, every=plan.sync_every,
                                     outer_lr=plan.outer_lr,
                                     outer_momentum=plan.outer_momentum)
-        self._meeting_s = 0.0
         return model
 
     def after_step(self, step: int, last: bool) -> None:
         """Meet when `step` is a multiple of H, and always after the last step."""
         assert self.meetings is not None, "wrap() first"
-        started = time.perf_counter()
         self.meetings.after_step(step, force=last)
-        self._meeting_s += time.perf_counter() - started
 
     def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
-        """Meeting time (all exposed: nothing overlaps it) and bytes, per step."""
+        """Bytes per step (the meetings' time is the trainer's `comm` phase)."""
         assert self.meetings is not None, "wrap() first"
         if not steps:
             return {}
-        figures = {"time/comm_exposed": self._meeting_s / steps,
-                   "comm/bytes_per_step": self.meetings.take_bytes() / steps}
-        self._meeting_s = 0.0
-        return figures
+        return {"comm/bytes_per_step": self.meetings.take_bytes() / steps}
 
     def state_dict(self) -> dict[str, Any]:
         """DiLoCo's outer parameters and momentum (kept for local SGD too: one format)."""

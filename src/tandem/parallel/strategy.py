@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from tandem.clocks import Mark
 from tandem.config import PlanConfig
 from tandem.parallel import deferred
 from tandem.parallel.checks import check_model
@@ -42,6 +43,9 @@ class Strategy:
     # Deferred init: whether `_wrap` needs real values (DDP broadcasts them) or can take
     # meta parameters and have them materialised afterwards, shard by shard (FSDP, TP).
     wraps_meta: ClassVar[bool] = False
+    # The trainer can time this plan's communication on the step's critical path (DDP's
+    # wait in backward, a separate all-reduce or meeting); FSDP's is not seen.
+    times_comm: ClassVar[bool] = True
 
     def __init__(self, plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> None:
         self.plan, self.runtime, self.layout, self.seed = plan, runtime, layout, seed
@@ -111,6 +115,11 @@ class Strategy:
 
     def after_step(self, step: int, last: bool) -> None:
         """After the optimizer step `step` (steps done so far); `last`: the run's last."""
+
+    def take_comm_mark(self) -> Mark | None:
+        """When the last synchronising backward's last gradient was ready to communicate
+        (None: this plan communicates nothing inside backward)."""
+        return None
 
     def arm_gradient_probe(self) -> None:
         """Measure this rank's own gradient norm in the next synchronising backward, before

@@ -90,13 +90,15 @@ class Decision:
 
     stop: int  # 0: go on; PreemptionFlag.PREEMPT or INTERRUPT: commit and stop
     rollback_before: int  # 0: no rollback; else roll back to a checkpoint before this step
+    recalibrate: bool = False  # measure the link's cost again (the step time drifted)
 
 
-def agree(stop: int, rollback_before: int, device: torch.device) -> Decision:
+def agree(stop: int, rollback_before: int, device: torch.device,
+          recalibrate: bool = False) -> Decision:
     """Combine every rank's view with one all-reduce (MAX). Must be called on all ranks."""
     if not dist.is_initialized():
-        return Decision(stop, rollback_before)
-    flags = torch.tensor([float(stop), float(rollback_before)], dtype=torch.float64,
-                         device=device)
+        return Decision(stop, rollback_before, recalibrate)
+    flags = torch.tensor([float(stop), float(rollback_before), float(recalibrate)],
+                         dtype=torch.float64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return Decision(int(flags[0].item()), int(flags[1].item()))
+    return Decision(int(flags[0].item()), int(flags[1].item()), bool(flags[2].item()))

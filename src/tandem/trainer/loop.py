@@ -27,13 +27,13 @@ from tandem.parallel.mesh import layout
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
 from tandem.trainer import preflight, resume_rules
-from tandem.trainer.calibration import calibrate_run
+from tandem.trainer.calibration import Calibration
 from tandem.trainer.evaluate import evaluate
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, PreemptionFlag, agree
 from tandem.trainer.precision import Precision
 from tandem.trainer.resumed import Resumed, optimizer_record
 from tandem.trainer.state import Progress, TrainState
-from tandem.trainer.step import StepRunner
+from tandem.trainer.step import StepParts, StepRunner
 from tandem.trainer.timing import RunClock, WindowClock
 
 log = logging.getLogger("tandem")
@@ -79,8 +79,14 @@ class Trainer:
         self.monitor = LiveMonitor(
             device=runtime.device, rank=runtime.rank, world_size=runtime.world_size,
             log_every=config.monitor.log_every, tokens_per_sample=task.tokens_per_sample,
-            timing=config.monitor.timing, sharded=self.strategy.shards_weights)
-        self.steps = StepRunner(self)
+            timing=config.monitor.timing, sharded=self.strategy.shards_weights,
+            measures_comm=self.strategy.times_comm)
+        self.steps = StepRunner(StepParts(
+            task=task, config=config, model=self.model, optimizer=self.optimizer,
+            params=self.params, strategy=self.strategy, precision=self.precision,
+            monitor=self.monitor, layout=self.layout, state=self.state, micro=self.micro,
+            device=runtime.device, heartbeat=self.heartbeat, faults=self.faults))
+        self.calibration = Calibration(self.steps.p)
         self.checkpoints = CheckpointManager(
             run_dir / "checkpoints",
             {"model": ModelWeights(self.model),
@@ -334,12 +340,14 @@ class Trainer:
         window.passes += passes
         state.step += 1
         # Step time includes a low-communication meeting, as the window's time/step does.
+        self.monitor.clock.begin("comm", on_device=True)
         self.strategy.after_step(state.step, last=state.step == cfg.train.steps)
+        self.monitor.clock.end()
         self.monitor.step(loss, norm, time.perf_counter() - started, size)
         self.progress.cursor.take(size, dataset_len)
         self.progress.samples += size
         if state.step == cfg.monitor.calibrate_at:
-            calibrate_run(self, reporter)
+            self.calibration.run(self.steps.last_batch, self.accum, reporter)
         if skipped:
             reason = f"non-finite gradient norm ({norm.item()}) at step {state.step - 1}"
             if cfg.fault.nonfinite == "raise":
@@ -356,13 +364,16 @@ class Trainer:
                  **self.strategy.window_figures(window.steps, window.passes)}
         closed = self.monitor.close(self.state.step, window.busy, extra)
         window.clear()
-        spike = 0
+        spike, drifted = 0, False
         if closed is not None:
             reporter.window(closed)
             spikes = [e.step for e in closed.events if e.kind == "loss_spike"]
             if spikes and self.config.fault.spike == "rollback":
                 spike = min(spikes)
-        decision = agree(self.preemption.requested, spike, self.runtime.device)
+            drifted = self.calibration.drifted(closed.step_s)
+        decision = agree(self.preemption.requested, spike, self.runtime.device, drifted)
+        if decision.recalibrate:
+            self.calibration.relink(reporter)
         if decision.stop:
             self._stop(reporter, clock, decision.stop == PreemptionFlag.INTERRUPT)
         if decision.rollback_before:
