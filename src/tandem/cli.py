@@ -1,4 +1,4 @@
-"""The `tandem` command: run, config, runs, report, compare, tune."""
+"""The `tandem` command: run, config, runs, report, compare, tune, dashboard."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     from tandem.tune.command import add_arguments as tune_arguments
 
     tune_arguments(tune)
+    dashboard = sub.add_parser("dashboard", help="serve a live web view of the run store")
+    from tandem.dashboard.command import add_arguments as dashboard_arguments
+
+    dashboard_arguments(dashboard)
     return parser
 
 
@@ -105,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
             from tandem.tune.command import run as tune
 
             return tune(ns, console)
+        elif ns.command == "dashboard":
+            from tandem.dashboard.command import run as dashboard
+
+            return dashboard(ns)
     except ValueError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
         return 2
