@@ -27,7 +27,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from tandem.dashboard import stream, view_run
-from tandem.dashboard.auth import TokenGate
+from tandem.dashboard.auth import TokenGate, check_token
 from tandem.dashboard.pages import PAGES, Page
 from tandem.dashboard.reader import Reader, StoreUnavailable
 
@@ -143,6 +143,7 @@ def create_app(store: Path | str, token: str | None = None,
                poll_s: float = stream.POLL_S,
                extra: Sequence[Middleware] = ()) -> Starlette:
     """The dashboard over the store at `store`; with `token`, every route requires it."""
+    check_token(token)
     dash = Dashboard(store, poll_s)
     app = Starlette(routes=dash.routes(), lifespan=dash.lifespan,
                     middleware=[Middleware(TokenGate, token=token), *extra])

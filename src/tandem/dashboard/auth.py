@@ -52,15 +52,24 @@ def _same(given: str | None, token: str) -> bool:
     return given is not None and hmac.compare_digest(given.encode(), token.encode())
 
 
+MIN_TOKEN = 16
+
+
+def check_token(token: str | None) -> str | None:
+    """`token` if it is long enough to be guess-proof (or None); ValueError otherwise."""
+    if token is not None and len(token) < MIN_TOKEN:
+        raise ValueError(f"dashboard token: {len(token)} characters is too short to be "
+                         f"guess-proof; use at least {MIN_TOKEN} (e.g. from "
+                         "python -c 'import secrets; print(secrets.token_urlsafe())')")
+    return token
+
+
 class TokenGate:
     """ASGI middleware: refuse what does not carry the token (401) or names a foreign
     host on an unguarded loopback server (403)."""
 
     def __init__(self, app: ASGIApp, token: str | None) -> None:
-        if token is not None and len(token) < 16:
-            raise ValueError(f"dashboard token: {len(token)} characters is too short to "
-                             "guess-proof; use at least 16 (e.g. secrets.token_urlsafe())")
-        self.app, self.token = app, token
+        self.app, self.token = app, check_token(token)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # the dashboard has none: nothing to open

@@ -9,7 +9,9 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -51,6 +53,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server that ends the open event streams as soon as it is told to exit
+    (they would otherwise hold the shutdown until its grace period ran out)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)
+
+
 class DashboardServer:
     """The dashboard over one store, listening on (host, port), until stop()."""
 
@@ -64,7 +79,7 @@ class DashboardServer:
         self.port = int(self.socket.getsockname()[1])
         config = uvicorn.Config(self.app, log_level="warning", access_log=False,
                                 lifespan="on", timeout_graceful_shutdown=1)
-        self.server = uvicorn.Server(config)
+        self.server = _Server(config, self.app.state.dashboard.watcher.stop_threadsafe)
         self._thread: threading.Thread | None = None
 
     def _address(self, host: str) -> str:
@@ -100,6 +115,7 @@ class DashboardServer:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving and close the store connections. Idempotent."""
+        self.app.state.dashboard.watcher.stop_threadsafe()
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout)

@@ -40,6 +40,7 @@ class Watcher:
         self._changed = asyncio.Event()
         self._conn: sqlite3.Connection | None = None
         self._last: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _check(self) -> bool:
         if self._conn is None:
@@ -47,7 +48,9 @@ class Watcher:
                 self._conn = connect_readonly(self.reader.path)
             except StoreUnavailable:
                 return False
-            return True  # the file appeared
+            # The baseline is read at once: a commit right after it must count.
+            self._last = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            return True  # the file appeared, or the watcher started: streams look again
         current = self._conn.execute("PRAGMA data_version").fetchone()[0]
         changed = self._last is not None and current != self._last
         self._last = current
@@ -55,6 +58,7 @@ class Watcher:
 
     async def run(self) -> None:
         """Poll until stop(); wake the waiting streams on each change."""
+        self._loop = asyncio.get_running_loop()
         try:
             while not self.stopped:
                 try:
@@ -78,6 +82,12 @@ class Watcher:
         """End run() and every stream waiting in wait()."""
         self.stopped = True
         self._bump()
+
+    def stop_threadsafe(self) -> None:
+        """stop(), from any thread (or a signal handler)."""
+        self.stopped = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.stop)
 
     async def wait(self, seen: int, timeout: float) -> int:
         """The version once it passes `seen` (or at the timeout)."""
