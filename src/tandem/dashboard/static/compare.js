@@ -7,6 +7,9 @@
   const runs = d.runs.map((r) => ({ ...r, lines: Object.fromEntries(
     Object.entries(r.series).map(([n, raw]) => [n, T.series(raw)])) }));
   T.runsCompared = runs;
+  // A run is labelled by its name, and by its id too where two runs share a name.
+  const names = runs.map((r) => r.name);
+  for (const r of runs) r.label = names.filter((n) => n === r.name).length > 1 ? `${r.name} (${r.run_id})` : r.name;
 
   const build = () => {
     const box = document.getElementById("curves");
@@ -14,7 +17,7 @@
     for (const key of Object.keys(T.charts)) delete T.charts[key];
     const byTime = xsel.value === "time";
     for (const name of d.names) {
-      const lines = runs.filter((r) => r.lines[name]).map((r) => ({ label: r.name === r.run_id ? r.name : `${r.name} (${r.run_id})`, s: r.lines[name], run: r }));
+      const lines = runs.filter((r) => r.lines[name]).map((r) => ({ label: r.label, s: r.lines[name], run: r }));
       if (!lines.length) continue;
       const xOf = byTime ? (l) => l.s.time.map((t) => +(t - l.run.started).toFixed(3)) : (l) => l.s.step;
       new T.Chart(name, box, name, lines, { xOf, xLabel: byTime ? "seconds since start" : "step" });
@@ -24,7 +27,7 @@
     const shown = rows.filter((r) => !onlyDiff || r.differs);
     if (!shown.length) return T.el("p", { class: "muted", text: "no differences" });
     return T.el("table", { class: "list" },
-      T.el("thead", {}, T.el("tr", {}, T.el("th", { text: "" }), runs.map((r) => T.el("th", { text: r.name, title: r.run_id })))),
+      T.el("thead", {}, T.el("tr", {}, T.el("th", { text: "" }), runs.map((r) => T.el("th", { text: r.label, title: r.run_id })))),
       T.el("tbody", {}, shown.map((row) => T.el("tr", { class: row.differs ? "differs" : "", "data-key": row.key },
         T.el("td", { text: row.key }), row.values.map((v) => T.el("td", { class: "num" },
           v !== null && typeof v === "object" ? T.kv(v) : T.fmt(v)))))));
