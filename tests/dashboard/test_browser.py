@@ -20,7 +20,9 @@ from tests.dashboard.conftest import open_page, wait_for
 LIVE_DEADLINE_S = 5.0
 
 CHART = """id => { const c = tandem.charts[id]; if (!c) return null;
-  return {x: c.u.data[0], lines: c.lines.map((l, i) => ({label: l.label, y: c.u.data[i + 1]}))}; }"""
+  return {x: c.u.data[0],
+          lines: c.lines.map((l, i) => ({label: l.label, y: c.u.data[i + 1]}))}; }"""
+KEYS = "rows => rows.map(r => r.dataset.key)"
 
 
 def _line(chart: dict[str, Any], label: str) -> list[tuple[float, float]]:
@@ -188,13 +190,13 @@ def test_compare_overlays_runs_and_marks_differences(store: Path, serve, page) -
     loss = page.evaluate(CHART, "loss")
     _same(_line(loss, "alpha"), _store_points(store, "alpha-1", "loss"))
     _same(_line(loss, "beta"), _store_points(store, "beta-1", "loss"))
-    differs = page.eval_on_selector_all("#summary > table > tbody > tr.differs", "r => r.map(x => x.dataset.key)")
+    differs = page.eval_on_selector_all("#summary > table > tbody > tr.differs", KEYS)
     assert "world size" in differs and "steps" in differs and "device" not in differs
-    config = page.eval_on_selector_all("#config > table > tbody > tr", "r => r.map(x => x.dataset.key)")
+    config = page.eval_on_selector_all("#config > table > tbody > tr", KEYS)
     assert "data.workers" in config and "data.prefetch" not in config  # only differences
     page.check("#all-config")
     assert "data.prefetch" in page.eval_on_selector_all("#config > table > tbody > tr",
-                                                        "r => r.map(x => x.dataset.key)")
+                                                        KEYS)
     page.select_option("#xaxis", "time")
     by_time = _line(page.evaluate(CHART, "loss"), "alpha")
     with RunStore(store) as s:
@@ -208,7 +210,8 @@ def test_tuner_page_shows_trials_intervals_and_decision(store: Path, serve, page
     open_page(page, serve(store).url("/tuner", local=True))
     with RunStore(store) as s:
         trials = s.trials("tune-1")
-    ids = page.eval_on_selector_all("#trials > table > tbody > tr", "r => r.map(x => x.dataset.trial)")
+    ids = page.eval_on_selector_all("#trials > table > tbody > tr",
+                                    "r => r.map(x => x.dataset.trial)")
     assert ids == [t["trial_id"] for t in trials]
     assert "control" in page.get_attribute("tr[data-trial='01']", "class")
     assert page.inner_text("tr[data-trial='02']").count("1.31x [1.22, 1.4]") == 1
