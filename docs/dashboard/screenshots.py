@@ -1,6 +1,6 @@
 """Make the dashboard screenshots in this folder.
 
-    python docs/dashboard/screenshots.py [--steps 300]
+    python docs/dashboard/screenshots.py [--steps 300] [--reuse DIR]
 
 Two real runs of examples/mnist1d_cnn.py on 2 processes (the first one resumed once, so
 it has two segments; the second with fp16 gradient compression), a tune session's
@@ -71,15 +71,18 @@ def tune_session(store: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--reuse", default=None,
+                        help="a folder this script filled before: only take the pictures")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    cwd = Path(tempfile.mkdtemp(prefix="tandem-shots-"))
-    train(cwd, "mnist1d_cnn", args.steps // 2)
-    train(cwd, "mnist1d_cnn", args.steps)  # continues the same run: a second segment
-    train(cwd, "mnist1d_fp16", args.steps, "--plan.comm_hook", "fp16")
+    cwd = Path(args.reuse or tempfile.mkdtemp(prefix="tandem-shots-"))
     store = cwd / "runs" / "tandem.db"
-    tune_session(store)
+    if not args.reuse:
+        train(cwd, "mnist1d_cnn", args.steps // 2)
+        train(cwd, "mnist1d_cnn", args.steps)  # continues the same run: a second segment
+        train(cwd, "mnist1d_fp16", args.steps, "--plan.comm_hook", "fp16")
+        tune_session(store)
     with RunStore(store) as s:
         ids = {r["name"]: r["run_id"] for r in s.runs()}
     pages = {"runs": "/runs", "run": f"/run/{ids['mnist1d_cnn']}",
@@ -94,7 +97,9 @@ def main() -> None:
             if name == "run":
                 page.wait_for_selector("#findings .finding, #findings p")
             page.wait_for_timeout(500)
-            page.screenshot(path=str(OUT / f"{name}.png"), full_page=True)
+            # The run page is long: the picture keeps its top (diagnosis to rank heatmaps).
+            clip = {"x": 0, "y": 0, "width": 1400, "height": 2300} if name == "run" else None
+            page.screenshot(path=str(OUT / f"{name}.png"), full_page=True, clip=clip)
             print(f"wrote {OUT / f'{name}.png'}")
         browser.close()
 

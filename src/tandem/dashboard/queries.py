@@ -165,3 +165,35 @@ def trials(conn: sqlite3.Connection, run_id: str, cursor: int = 0) -> list[dict[
         d["plan"], d["figures"] = _loads(d["plan"]), _loads(d["figures"])
         out.append(d)
     return out
+
+
+def line_points(conn: sqlite3.Connection, run_id: str, name: str,
+                rank: int) -> list[tuple[int, float, float]]:
+    """Every (step, value, time) of one line, by step (repeats in the order written)."""
+    rows = conn.execute("SELECT step, value, time FROM metrics WHERE run_id=? AND name=? "
+                        "AND rank=? ORDER BY step, rowid", (run_id, name, rank)).fetchall()
+    return [(r[0], _value(r[1]), r[2]) for r in rows]
+
+
+def name_points(conn: sqlite3.Connection, run_id: str,
+                name: str) -> dict[int, list[tuple[int, float, float]]]:
+    """rank -> every (step, value, time) of one metric of a run, by step (repeats in the
+    order written), read in the order of the (run_id, name, step) index: no sort."""
+    out: dict[int, list[tuple[int, float, float]]] = {}
+    for rank, step, value, time in conn.execute(
+            "SELECT rank, step, value, time FROM metrics WHERE run_id=? AND name=? "
+            "ORDER BY step, rowid", (run_id, name)):
+        out.setdefault(rank, []).append((step, math.nan if value is None else value, time))
+    return out
+
+
+def job_extreme(conn: sqlite3.Connection, run_id: str, name: str,
+                which: str) -> float | None:
+    """The job-wide value of `name` at its last finite step ("last") or its "min"."""
+    if which not in ("last", "min"):
+        raise ValueError(f"which: {which!r} is not 'last' or 'min'")
+    order = "step DESC" if which == "last" else "value ASC"
+    row = conn.execute(f"SELECT value FROM metrics WHERE run_id=? AND name=? AND rank=-1 "  # noqa: S608
+                       f"AND value IS NOT NULL ORDER BY {order} LIMIT 1",
+                       (run_id, name)).fetchone()
+    return None if row is None else float(row[0])

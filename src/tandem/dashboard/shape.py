@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS, column_max, take
 from tandem.dashboard.downsample import minmax_indices as _indices
-from tandem.dashboard.queries import MetricRow
 
 JOB = -1  # the rank of job-wide rows
 # Names drawn as rank x window heatmaps from their per-rank rows.
@@ -42,44 +40,45 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _dedupe(points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
-    """One point per step, the last one written (a rolled-back run writes steps again)."""
-    by_step: dict[int, tuple[int, float, float]] = {}
+def _text(x: float) -> float | str:
+    return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+
+
+def numbers(values: Sequence[float]) -> list[float | str]:
+    """`jsonable` for a list of floats, fast."""
+    isfinite = math.isfinite
+    return [v if isfinite(v) else _text(v) for v in values]
+
+
+def _dedupe(points: list[tuple]) -> list[tuple]:
+    """One point per step, the last one written (a rolled-back run writes steps again).
+
+    Points come sorted by step, repeats in the order written."""
+    if len({p[0] for p in points}) == len(points):
+        return points
+    by_step: dict[int, tuple] = {}
     for p in points:
         by_step[p[0]] = p
     return [by_step[s] for s in sorted(by_step)]
 
 
-def series_payload(points: list[tuple[int, float, float]],
-                   limit: int = DEFAULT_POINTS) -> dict[str, Any]:
-    """{"step", "value", "time", "n"} of one line, downsampled to `limit` points."""
+def series_payload(points: list[tuple], limit: int = DEFAULT_POINTS,
+                   times: bool = True) -> dict[str, Any]:
+    """{"step", "value", "time", "n"} of one line of (step, value[, time]) points,
+    downsampled to `limit` points; without `times`, only the last point's time."""
     points = _dedupe(points)
     values = [p[1] for p in points]
     keep = _indices(values, limit)
-    return {"step": [points[i][0] for i in keep], "value": jsonable(take(values, keep)),
-            "time": [points[i][2] for i in keep], "n": len(points)}
-
-
-def split(rows: Iterable[MetricRow]) -> dict[str, dict[int, list[tuple[int, float, float]]]]:
-    """name -> rank -> [(step, value, time)] in the order given."""
-    out: dict[str, dict[int, list[tuple[int, float, float]]]] = defaultdict(
-        lambda: defaultdict(list))
-    for _, step, rank, name, value, time in rows:
-        out[name][rank].append((step, value, time))
+    out: dict[str, Any] = {"step": [points[i][0] for i in keep],
+                           "value": numbers(take(values, keep)), "n": len(points)}
+    if times:
+        out["time"] = [points[i][2] for i in keep]
+    elif points and len(points[-1]) > 2:
+        out["last_time"] = points[-1][2]
     return out
 
 
-def lines(grouped: Mapping[str, Mapping[int, list[tuple[int, float, float]]]],
-          limit: int = DEFAULT_POINTS) -> dict[str, dict[str, Any]]:
-    """name -> rank -> series: the job-wide line where there is one, else each rank's."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, by_rank in grouped.items():
-        ranks = [JOB] if JOB in by_rank else sorted(by_rank)[:MAX_RANK_LINES]
-        out[name] = {str(r): series_payload(by_rank[r], limit) for r in ranks}
-    return out
-
-
-def heatmap(by_rank: Mapping[int, Sequence[tuple[int, float, float]]],
+def heatmap(by_rank: Mapping[int, Sequence[tuple]],
             columns: int = DEFAULT_COLUMNS) -> dict[str, Any] | None:
     """{"step", "ranks", "values"} of a rank x window matrix (ranks >= 0), at most
     `columns` columns, each bucket holding its largest value."""
@@ -90,7 +89,7 @@ def heatmap(by_rank: Mapping[int, Sequence[tuple[int, float, float]]],
     steps = sorted({s for r in ranks for s in cells[r]})
     matrix = [[cells[r].get(s, math.nan) for s in steps] for r in ranks]
     steps, matrix = column_max(steps, matrix, columns)
-    return {"step": steps, "ranks": ranks, "values": jsonable(matrix)}
+    return {"step": steps, "ranks": ranks, "values": [numbers(r) for r in matrix]}
 
 
 def segments(events: Sequence[Mapping[str, Any]], started: float,

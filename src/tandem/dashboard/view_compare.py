@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tandem.dashboard import queries, shape
+from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_POINTS
 from tandem.dashboard.view_run import UPDATE_LIMIT, NotFound
 
@@ -33,36 +33,37 @@ def curve_names(names: Sequence[str]) -> list[str]:
     return [n for n in CURVES if n in names] + sorted(evals)
 
 
-def _steady_median(points: list[tuple[int, float, float]]) -> float | None:
+def _steady_median(points: list[tuple]) -> float | None:
     # The first window holds warm-up (allocator, compilation): left out from 4 on.
     values = [p[1] for p in (points[1:] if len(points) >= 4 else points)
               if math.isfinite(p[1])]
     return statistics.median(values) if values else None
 
 
-def _summary(run: Mapping[str, Any], job: Mapping[str, list[tuple[int, float, float]]],
+def _summary(conn: sqlite3.Connection, run: Mapping[str, Any], last_step: int,
              evals: Sequence[str]) -> dict[str, Any]:
-    env = run.get("env") or {}
-    loss = [p[1] for p in job.get("loss", []) if math.isfinite(p[1])]
-    steps = [p[0] for pts in job.values() for p in pts]
+    env, rid = run.get("env") or {}, run["run_id"]
     out: dict[str, Any] = {
         "status": run["status"], "world size": env.get("world_size"),
-        "device": env.get("device"), "steps": max(steps) if steps else None,
+        "device": env.get("device"), "steps": last_step or None,
         "duration s": (run["finished"] - run["started"]) if run["finished"] else None,
-        "final loss": loss[-1] if loss else None, "best loss": min(loss) if loss else None,
-        "samples/s (median)": _steady_median(job.get("samples_per_s", [])),
-        "step time s (median)": _steady_median(job.get("time/step", [])),
+        "final loss": queries.job_extreme(conn, rid, "loss", "last"),
+        "best loss": queries.job_extreme(conn, rid, "loss", "min"),
+        "samples/s (median)": _steady_median(
+            queries.line_points(conn, rid, "samples_per_s", shape.JOB)),
+        "step time s (median)": _steady_median(
+            queries.line_points(conn, rid, "time/step", shape.JOB)),
     }
     for name in evals:
-        finite = [p[1] for p in job.get(name, []) if math.isfinite(p[1])]
-        out[f"{name} (last)"] = finite[-1] if finite else None
+        out[f"{name} (last)"] = queries.job_extreme(conn, rid, name, "last")
     return out
 
 
 def _diff_table(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every config and plan key with each run's value; `differs` marks the keys that do."""
+    """Every config key, and each key of the plan the run resolved (`resolved.*`), with
+    each run's value; `differs` marks the keys whose values differ."""
     flat = [{**shape.flatten(r.get("config") or {}),
-             **shape.flatten(r.get("plan") or {}, "plan")} for r in runs]
+             **shape.flatten(r.get("plan") or {}, "resolved")} for r in runs]
     keys = sorted({k for f in flat for k in f})
     return [{"key": k, "values": [f.get(k) for f in flat],
              "differs": len({repr(f.get(k)) for f in flat}) > 1} for k in keys]
@@ -81,21 +82,21 @@ def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     evals = [n for n in names if n not in CURVES]
     out_runs, summary = [], {}
     for run in runs:
-        rows = queries.metric_rows(conn, run["run_id"], names)
-        job = {n: by_rank[shape.JOB] for n, by_rank in shape.split(rows).items()
-               if shape.JOB in by_rank}
+        lines = series.run_lines(conn, run["run_id"], DEFAULT_POINTS, names=names,
+                                 job_only=True, times=True)
         out_runs.append({
             "run_id": run["run_id"], "name": run["name"], "status": run["status"],
             "started": run["started"],
-            "series": {n: shape.series_payload(pts, DEFAULT_POINTS) for n, pts in job.items()}})
-        summary[run["run_id"]] = _summary(run, job, evals)
+            "series": {n: by_rank[str(shape.JOB)] for n, by_rank in lines["series"].items()}})
+        summary[run["run_id"]] = _summary(conn, run, lines["last_step"], evals)
     labels = list(next(iter(summary.values()), {}).keys())
     table = [{"key": k, "values": [summary[r["run_id"]].get(k) for r in runs],
               "differs": len({repr(summary[r["run_id"]].get(k)) for r in runs}) > 1}
              for k in labels]
-    return shape.jsonable({
-        "runs": out_runs, "names": names, "summary": table, "config": _diff_table(runs),
-        "cursor": {"m": queries.max_rowid(conn, "metrics")}})
+    out = shape.jsonable({"names": names, "summary": table, "config": _diff_table(runs),
+                          "cursor": {"m": queries.max_rowid(conn, "metrics")}})
+    out["runs"] = out_runs  # series are JSON-safe already
+    return out
 
 
 def updates(conn: sqlite3.Connection, args: Mapping[str, str],

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tandem.analyze.diagnose import diagnose
-from tandem.dashboard import queries, shape
+from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
 
 Cursor = dict[str, int]
@@ -57,19 +57,18 @@ def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     columns = _int_arg(args, "columns", DEFAULT_COLUMNS, 1, 10_000)
     cursor = {"m": queries.max_rowid(conn, "metrics"), "e": queries.max_rowid(conn, "events"),
               "s": _sig(run)}
-    rows = queries.metric_rows(conn, run["run_id"])
-    grouped = shape.split(rows)
+    lines = series.run_lines(conn, run["run_id"], points, columns, times=False)
     events = queries.events(conn, run["run_id"])
-    last_step = max((r[1] for r in rows), default=0)
-    heatmaps = {name: h for name in shape.HEATMAP_NAMES
-                if (h := shape.heatmap(grouped.get(name, {}), columns)) is not None}
-    return shape.jsonable({
+    out = shape.jsonable({
         "run": {k: run[k] for k in ("run_id", "name", "started", "finished", "status",
                                     "config", "plan", "env", "summary")},
         "cursor": cursor, "points": points, "columns": columns,
-        "series": shape.lines(grouped, points), "heatmaps": heatmaps,
-        "events": events, "segments": shape.segments(events, run["started"], last_step),
+        "last_time": lines["last_time"], "events": events,
+        "segments": shape.segments(events, run["started"], lines["last_step"]),
     })
+    # Already JSON-safe, and the bulk of the page: not walked again.
+    out["series"], out["heatmaps"] = lines["series"], lines["heatmaps"]
+    return out
 
 
 def updates(conn: sqlite3.Connection, args: Mapping[str, str],

@@ -176,12 +176,11 @@
   };
 
   // ---------------------------------------------------------------- build
-  T.lastActivity = run.started;
+  T.lastActivity = Math.max(run.started, d.last_time || 0);
   const names = Object.keys(d.series).sort((a, b) => order(a) - order(b) || a.localeCompare(b));
   for (const name of names) {
     for (const [rank, raw] of Object.entries(d.series[name])) {
       if (!(HEAT_NAMES.includes(name) && rank !== "-1")) lineFor(name, rank, raw);
-      T.lastActivity = Math.max(T.lastActivity, raw.time[raw.time.length - 1] || 0);
     }
   }
   for (const [name, raw] of Object.entries(d.heatmaps)) heatmap(name, raw);
