@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,13 +27,14 @@ from starlette.responses import (
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from tandem.dashboard import stream, view_run
+from tandem.dashboard import queries, stream, view_run
 from tandem.dashboard.auth import TokenGate, check_token
 from tandem.dashboard.pages import PAGES, Page
 from tandem.dashboard.reader import Reader, StoreUnavailable
 
 log = logging.getLogger("tandem")
 NO_STORE = {"cache-control": "no-store"}
+FINDINGS_CACHE = 16  # diagnoses kept (a big run's takes seconds)
 
 
 def _args(request: Request) -> dict[str, str]:
@@ -52,6 +54,8 @@ class Dashboard:
     def __init__(self, store: Path | str, poll_s: float = stream.POLL_S) -> None:
         self.reader = Reader(store)
         self.watcher = stream.Watcher(self.reader, poll_s)
+        self._lock = threading.Lock()
+        self._diagnoses: dict[tuple, dict[str, Any]] = {}
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("tandem.dashboard", "templates"),
             autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined)
@@ -102,11 +106,28 @@ class Dashboard:
                 headers={**NO_STORE, "x-accel-buffering": "no"})
         return endpoint
 
+    def _findings(self, args: dict[str, str]) -> dict[str, Any]:
+        with self.reader.snapshot() as conn:
+            run = queries.run(conn, args["run_id"])
+            if run is None:
+                raise view_run.NotFound(f"no run {args['run_id']!r} in the store")
+            # A finished run's diagnosis does not change; a live one's changes with rows.
+            key = (run["run_id"], run["status"], run["finished"],
+                   queries.max_rowid(conn, "metrics") if run["status"] == "running" else 0)
+            with self._lock:
+                if key in self._diagnoses:
+                    return self._diagnoses[key]
+            found = view_run.findings(conn, args)
+        with self._lock:
+            self._diagnoses[key] = found
+            while len(self._diagnoses) > FINDINGS_CACHE:
+                self._diagnoses.pop(next(iter(self._diagnoses)))
+        return found
+
     async def findings(self, request: Request) -> Response:
-        """The diagnosis of one run (computed on request: it reads every row)."""
+        """The diagnosis of one run (it reads every row: kept per run state)."""
         def compute() -> dict[str, Any]:
-            with self.reader.snapshot() as conn:
-                return view_run.findings(conn, _args(request))
+            return self._findings(_args(request))
         try:
             return JSONResponse(await run_in_threadpool(compute), headers=NO_STORE)
         except view_run.NotFound as err:
