@@ -142,10 +142,13 @@ def latency(args: argparse.Namespace) -> None:
             page = browser.new_page()
             page.goto(f"{base}/run/{ids[0]}")
             page.wait_for_selector("body[data-ready='1']")
+            page.evaluate("tandem.charts.loss.box.scrollIntoView()")  # drawn when in view
+            # When the loss chart is redrawn, which step is the last it shows?
             page.evaluate("""() => { window.seen = [];
-              window.addEventListener('tandem:update', () => {
-                const l = tandem.lines.loss && tandem.lines.loss['-1'];
-                if (l) seen.push([Date.now() / 1000, l.s.step[l.s.step.length - 1]]); }); }""")
+              window.addEventListener('tandem:drawn', () => {
+                const c = tandem.charts.loss;
+                if (c) seen.push([Date.now() / 1000, c.u.data[0][c.u.data[0].length - 1]]); });
+            }""")
             writers = [ctx.Process(target=_writer, args=(str(store), rid, args.seconds, 10.0,
                                                          str(tmp / f"{rid}.json")))
                        for rid in ids]

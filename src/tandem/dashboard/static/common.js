@@ -162,18 +162,40 @@ T.Chart = class {
       legend: { live: true }, plugins: this.opts.plugins || [] },
     T.align(lines, this.xOf), this.box);
     T.charts[id] = this;
+    this.visible = true;
     new ResizeObserver(() => {
       const w = this.box.clientWidth;
       if (w && Math.abs(w - this.u.width) > 4) this.u.setSize({ width: w, height: this.u.height });
+    }).observe(this.box);
+    // A chart out of view is redrawn when it comes into view, not at every update.
+    new IntersectionObserver((entries) => {
+      this.visible = entries[entries.length - 1].isIntersecting;
+      if (this.visible && this.dirty) this.refresh();
     }).observe(this.box);
   }
   add(line) {
     this.lines.push(line);
     this.u.addSeries({ label: line.label, stroke: T.COLORS[(this.lines.length - 1) % T.COLORS.length],
       width: 1.5, spanGaps: true, points: { show: false } });
-    this.refresh();
+    this.draw();
   }
-  refresh() { this.u.setData(T.align(this.lines, this.xOf)); }
+  // Redraw soon: updates that arrive together are drawn once, charts out of view later.
+  refresh() {
+    this.dirty = true;
+    if (!this.visible) return;
+    T.pending.add(this);
+    if (!T.flushTimer) T.flushTimer = setTimeout(T.flush, T.REDRAW_MS);
+  }
+  draw() { this.dirty = false; this.u.setData(T.align(this.lines, this.xOf)); }
+};
+T.REDRAW_MS = 100;
+T.pending = new Set();
+T.flush = () => {
+  T.flushTimer = null;
+  const charts = [...T.pending];
+  T.pending.clear();
+  for (const c of charts) c.draw();
+  window.dispatchEvent(new CustomEvent("tandem:drawn", { detail: { at: Date.now() } }));
 };
 
 // Server-sent updates of this page: `handle(payload)` for each; reconnects resume

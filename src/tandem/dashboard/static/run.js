@@ -87,7 +87,14 @@
       tip.textContent = `rank ${h.ranks[k]} · step ${h.step[c]} · ${T.fmt(h.values[k][c])}`;
     });
     canvas.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+    new IntersectionObserver((entries) => {
+      h.visible = entries[entries.length - 1].isIntersecting;
+      if (h.visible && h.dirty) { h.dirty = false; drawHeat(name); }
+    }).observe(box);
     drawHeat(name);
+  };
+  const drawVisibleHeat = () => {
+    for (const [name, h] of Object.entries(T.heat)) if (h.dirty && h.visible !== false) { h.dirty = false; drawHeat(name); }
   };
   const heatPut = (name, step, rank, value) => {
     let h = T.heat[name];
@@ -210,7 +217,8 @@
     const charts = new Set();
     for (const line of touched) { T.decimate(line.s, LIMIT); charts.add(place(line.name)[0]); }
     for (const id of charts) T.charts[id].refresh();
-    for (const name of heat) drawHeat(name);
+    for (const name of heat) T.heat[name].dirty = true;
+    drawVisibleHeat();
     if (msg.events) {
       T.events.push(...msg.events);
       for (const e of msg.events) {
@@ -225,7 +233,7 @@
     }
     const last = T.segments[T.segments.length - 1];
     if (last && msg.rows && msg.rows.length) last.end_step = Math.max(last.end_step, ...msg.rows.map((r) => r[0]));
-    if (msg.events || msg.rows) segmentsTable();
+    if (msg.events || (msg.rows && T.segments.length > 1)) segmentsTable();
     if (msg.run) { Object.assign(run, msg.run); configCards(); }
     header();
     if (msg.rows) dirty = true;
