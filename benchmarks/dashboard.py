@@ -134,6 +134,7 @@ def latency(args: argparse.Namespace) -> None:
     with RunStore(store) as s:
         for rid in ids:
             s.start_run(rid, rid, {}, {"strategy": "ddp"}, {"world_size": 2})
+            s.log_metrics(rid, [(0, -1, name, 1.0, time.time()) for name in NAMES])
     proc, base = start_server(store)
     ctx = mp.get_context("spawn")
     try:
@@ -285,6 +286,19 @@ def overhead(args: argparse.Namespace) -> None:
     server = psutil.Process(proc.pid)
     rates: dict[str, list[float]] = {"closed": [], "open": []}
     cpu: list[float] = []
+    browser_cpu: list[float] = []
+
+    def chromium_cpu() -> float:
+        """CPU seconds of every Chromium process this benchmark started."""
+        total = 0.0
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "chrom" in p.name().lower():
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
@@ -293,6 +307,7 @@ def overhead(args: argparse.Namespace) -> None:
                     name = f"{mode}-{i}"
                     page = browser.new_page() if mode == "open" else None
                     before, t0 = server.cpu_times(), time.monotonic()
+                    browser_before = chromium_cpu()
                     train = _train(run_dir, name, args.steps)
                     if page is not None and not _open_when_live(page, base, name, train):
                         raise RuntimeError("the run ended before the page could open")
@@ -303,6 +318,7 @@ def overhead(args: argparse.Namespace) -> None:
                         after, wall = server.cpu_times(), time.monotonic() - t0
                         used = (after.user + after.system) - (before.user + before.system)
                         cpu.append(used / wall)
+                        browser_cpu.append((chromium_cpu() - browser_before) / wall)
                         page.close()
                     summary = json.loads((run_dir / name / "summary.json").read_text())
                     rates[mode].append(summary["samples_per_s"])
@@ -318,7 +334,8 @@ def overhead(args: argparse.Namespace) -> None:
           f"{(opened / closed - 1) * 100:+.1f}% (pairs: "
           f"{', '.join(f'{(p - 1) * 100:+.1f}%' for p in pairs)})")
     print(f"  server CPU while a page was open: median {statistics.median(cpu) * 100:.1f}% "
-          f"of one core, max {max(cpu) * 100:.1f}%")
+          f"of one core, max {max(cpu) * 100:.1f}%; Chromium (the page) median "
+          f"{statistics.median(browser_cpu) * 100:.1f}% of one core")
     print(f"  {load_average()}")
 
 

@@ -16,6 +16,7 @@ import pytest
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 pytest.importorskip("uvicorn", reason="the dashboard extra is not installed")
+pytest.importorskip("jinja2", reason="the dashboard extra is not installed")
 
 from tandem.analyze.synthetic import Synthetic, write_synthetic  # noqa: E402
 from tandem.dashboard.server import DashboardServer  # noqa: E402

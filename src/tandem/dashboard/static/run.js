@@ -10,7 +10,7 @@
 
   // Where a metric is drawn: [chart id, section, title]; null: only in a heatmap.
   const place = (name) => {
-    if (name === "loss" || (!name.includes("/") && name.includes("loss"))) return ["loss", "curves", "loss"];
+    if (name === "loss" || (!name.includes("/") && !TRAINING.has(name) && name.includes("loss"))) return ["loss", "curves", "loss"];
     if (name === "samples_per_s") return ["throughput", "curves", "throughput (samples/s)"];
     if (name === "tokens_per_s") return ["tokens", "curves", "throughput (tokens/s)"];
     if (STEP_NAMES.has(name)) return ["steptime", "phases", "step time (s): mean, p50, max"];
