@@ -1,4 +1,4 @@
-"""The `tandem` command: run, config, runs, report, compare, tune, scheduler."""
+"""The `tandem` command: run, config, runs, report, compare, tune, scheduler, dashboard."""
 
 from __future__ import annotations
 
@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     from tandem.sched.command import add_arguments as scheduler_arguments
 
     scheduler_arguments(scheduler)
+    dashboard = sub.add_parser("dashboard", help="serve a live web view of the run store")
+    from tandem.dashboard.command import add_arguments as dashboard_arguments
+
+    dashboard_arguments(dashboard)
     return parser
 
 
@@ -114,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
             from tandem.sched.command import run as scheduler
 
             return scheduler(ns, console)
+        elif ns.command == "dashboard":
+            from tandem.dashboard.command import run as dashboard
+
+            return dashboard(ns)
     except ValueError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
         return 2

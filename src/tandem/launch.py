@@ -48,6 +48,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan", default=None,
                         help="a plan file (TOML, e.g. from `tandem tune`) applied over the "
                              "script's defaults and --config; the script's own flags still win")
+    parser.add_argument("--dashboard", action="store_true",
+                        help="serve the live dashboard on the run's store while it runs "
+                             "(127.0.0.1; the URL is printed)")
+    parser.add_argument("--dashboard-port", type=int, default=0,
+                        help="the dashboard's port (default 0: a free one)")
+    parser.add_argument("--dashboard-store", default=None,
+                        help="the store to show (default: from --monitor.store / --run.dir "
+                             "/ --config in the script's flags, else runs/tandem.db)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER,
                         help="the script's own flags (--section.field VALUE ...)")
@@ -97,6 +105,17 @@ def launch(ns: argparse.Namespace) -> int:
     error exits 2 with the worker's one-line message only.
     """
     cmd = torchrun_command(ns)
+    from tandem.dashboard.command import beside_run
+
+    dashboard = beside_run(ns)
+    try:
+        return _launch(ns, cmd)
+    finally:
+        if dashboard is not None:
+            dashboard.stop()
+
+
+def _launch(ns: argparse.Namespace, cmd: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="tandem-launch-") as tmp:
         status_file = Path(tmp) / "status"
         env = dict(os.environ, **{STATUS_FILE_ENV: str(status_file)})

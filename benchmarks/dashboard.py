@@ -1,0 +1,358 @@
+"""The live dashboard's costs: update latency, first paint on a big store, training overhead.
+
+    python benchmarks/dashboard.py latency    [--seconds 30]
+    python benchmarks/dashboard.py firstpaint [--store /tmp/tandem-dash-big.db] [--repeats 5]
+    python benchmarks/dashboard.py overhead   [--repeats 4] [--steps 1500]
+
+latency: 4 writer processes log 10 windows/s each through the trainer's StoreWriter; a
+Chromium page shows one of the runs. Each commit's time is taken in the writer process
+(right after SQLite's COMMIT returns) and compared with the time the page applied the
+update that carried that window's loss row.
+
+firstpaint: a store of 100 runs x 20 metrics x 10k steps (20 M rows, written once through
+RunStore.log_metrics and kept). A fresh browser context loads the runs page and a run page;
+the figures are Chromium's first-contentful-paint and the page's own `tandem:ready` mark
+(every chart drawn with the store's data), both from navigation start.
+
+overhead: a real training run (examples/mnist1d_cnn.py, one process) with and without a
+dashboard page open on it, interleaved; throughput is the trainer's samples/s (summary),
+the server's CPU is its process CPU time over the run's wall time.
+Needs the dev extra (playwright) and Debian's chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tandem.monitor.store import RunStore  # noqa: E402
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+NAMES = ["loss", "eval_loss", "accuracy", "samples_per_s", "tokens_per_s", "grad_norm", "lr",
+         "update_ratio", "time/step", "time/data", "time/h2d", "time/forward",
+         "time/backward", "time/optim", "time/compute", "mem/rss_bytes", "sys/cpu_percent",
+         "sys/process_cpu_percent", "sys/net_bytes_per_s", "sys/disk_bytes_per_s"]
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
+    env.pop("TANDEM_DASHBOARD_TOKEN", None)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(store: Path) -> tuple[subprocess.Popen, str]:
+    """`tandem dashboard` on `store` as its own process; (process, base URL)."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "dashboard", "--store",
+                             str(store), "--port", str(port)], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    line = proc.stdout.readline()
+    if "http://" not in line:
+        raise RuntimeError(f"the dashboard did not start: {line}{proc.stdout.read()}")
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def load_average() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+# ---------------------------------------------------------------------- latency
+def _writer(store: str, run_id: str, seconds: float, rate: float, out: str) -> None:
+    """One 'training run': windows of realistic rows through the real StoreWriter."""
+    import tandem.monitor.writer as writer_module
+
+    commits: list[tuple[int, float]] = []
+    queued: list[tuple[int, float]] = []
+
+    class Timed(RunStore):  # the real store; the commit time is noted after COMMIT
+        def log_metrics(self, run_id: str, rows: Any) -> int:
+            rows = list(rows)
+            n = super().log_metrics(run_id, rows)
+            now = time.time()
+            commits.extend((int(r[0]), now) for r in rows if r[2] == "loss")
+            return n
+
+    writer_module.RunStore = Timed  # type: ignore[misc]
+    writer = writer_module.StoreWriter(store, run_id)
+    start, step = time.monotonic(), 0
+    while time.monotonic() - start < seconds:
+        step += 10
+        queued.append((step, time.time()))
+        for name in NAMES:
+            writer.metric(step, -1, name, 1.0 + 1.0 / step)
+        for rank in range(2):
+            for name in ("time/step", "straggler/score", "time/data", "mem/rss_bytes"):
+                writer.metric(step, rank, name, 1.0 + rank * 0.01)
+        time.sleep(max(0.0, start + step / 10 / rate - time.monotonic()))
+    writer.close()
+    Path(out).write_text(json.dumps({"commits": commits, "queued": queued}))
+
+
+def latency(args: argparse.Namespace) -> None:
+    from playwright.sync_api import sync_playwright
+
+    tmp = Path(tempfile.mkdtemp(prefix="tandem-dash-lat-"))
+    store = tmp / "tandem.db"
+    ids = [f"writer-{i}" for i in range(4)]
+    with RunStore(store) as s:
+        for rid in ids:
+            s.start_run(rid, rid, {}, {"strategy": "ddp"}, {"world_size": 2})
+            s.log_metrics(rid, [(0, -1, name, 1.0, time.time()) for name in NAMES])
+    proc, base = start_server(store)
+    ctx = mp.get_context("spawn")
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.goto(f"{base}/run/{ids[0]}")
+            page.wait_for_selector("body[data-ready='1']")
+            page.evaluate("tandem.charts.loss.box.scrollIntoView()")  # drawn when in view
+            # When the loss chart is redrawn, which step is the last it shows?
+            page.evaluate("""() => { window.seen = [];
+              window.addEventListener('tandem:drawn', () => {
+                const c = tandem.charts.loss;
+                if (c) seen.push([Date.now() / 1000, c.u.data[0][c.u.data[0].length - 1]]); });
+            }""")
+            writers = [ctx.Process(target=_writer, args=(str(store), rid, args.seconds, 10.0,
+                                                         str(tmp / f"{rid}.json")))
+                       for rid in ids]
+            for w in writers:
+                w.start()
+            for w in writers:
+                w.join(args.seconds + 60)
+            time.sleep(1.5)
+            seen = page.evaluate("window.seen")
+            browser.close()
+    finally:
+        stop(proc)
+    record = json.loads((tmp / f"{ids[0]}.json").read_text())
+    commits, queued = dict(record["commits"]), dict(record["queued"])
+    lat, end_to_end = [], []
+    for step, committed in commits.items():
+        shown = next((t for t, top in seen if top >= step), None)
+        if shown is not None:
+            lat.append(shown - committed)
+            end_to_end.append(shown - queued[step])
+    missing = len(commits) - len(lat)
+    print(f"latency: {len(lat)} windows of {ids[0]} (4 runs x 10 windows/s, "
+          f"{len(NAMES) + 8} rows each), {missing} not shown")
+    print(f"  commit -> page: p50 {pct(lat, 0.5) * 1000:.0f} ms, p95 {pct(lat, 0.95) * 1000:.0f}"
+          f" ms, max {max(lat) * 1000:.0f} ms")
+    print(f"  window logged -> page (adds the writer's {0.5:g} s batching): p50 "
+          f"{pct(end_to_end, 0.5) * 1000:.0f} ms, p95 {pct(end_to_end, 0.95) * 1000:.0f} ms")
+    print(f"  {load_average()}")
+
+
+# ---------------------------------------------------------------------- first paint
+def build_big(path: Path, runs: int, steps: int) -> None:
+    """100 runs x 20 metrics x `steps` windows through RunStore.log_metrics (kept)."""
+    marker = path.with_suffix(".done")
+    if marker.exists() and path.exists():
+        return
+    path.unlink(missing_ok=True)
+    t0 = time.time()
+    with RunStore(path) as s:
+        for r in range(runs):
+            rid = f"big-{r:03d}"
+            s.start_run(rid, f"big{r % 7}", {"train": {"steps": steps, "seed": r}},
+                        {"strategy": "ddp"}, {"world_size": 2, "device": "cpu"})
+            start = 1.7e9 + r * 3600
+            rows = [(step, -1, name, 1.0 / (1 + step / 1000) + i, start + step * 0.05)
+                    for step in range(1, steps + 1) for i, name in enumerate(NAMES)]
+            for k in range(0, len(rows), 100_000):
+                s.log_metrics(rid, rows[k:k + 100_000])
+            s.finish_run(rid, "completed", {"steps": steps})
+            if r % 10 == 9:
+                print(f"  built {r + 1} runs in {time.time() - t0:.0f} s", flush=True)
+    marker.write_text("ok")
+
+
+def _timings(page: Any, url: str) -> dict[str, float]:
+    page.goto(url)
+    page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    out = page.evaluate("""() => ({
+      fcp: performance.getEntriesByName('first-contentful-paint')[0].startTime,
+      ready: performance.getEntriesByName('tandem:ready')[0].startTime,
+      response: performance.getEntriesByType('navigation')[0].responseEnd })""")
+    if "/run/" in url:  # the diagnosis comes after the first paint, from its own request
+        page.wait_for_selector("#findings .finding, #findings p", timeout=60_000)
+        out["findings"] = page.evaluate("performance.now()")
+    return out
+
+
+def firstpaint(args: argparse.Namespace) -> None:
+    from playwright.sync_api import sync_playwright
+
+    store = Path(args.store)
+    build_big(store, 100, 10_000)
+    print(f"store: {store} ({store.stat().st_size / 2**30:.2f} GiB)")
+    proc, base = start_server(store)
+    out: dict[str, list[dict[str, float]]] = {"runs": [], "run": []}
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            for i in range(args.repeats + 1):  # the first round warms the OS file cache
+                for key, path in (("runs", "/runs"), ("run", f"/run/big-{(37 + i) % 100:03d}")):
+                    context = browser.new_context(viewport={"width": 1400, "height": 900})
+                    t = _timings(context.new_page(), base + path)
+                    context.close()
+                    if i:
+                        out[key].append(t)
+            browser.close()
+    finally:
+        stop(proc)
+    for key, rows in out.items():
+        def show(field: str, rows: list[dict[str, float]] = rows) -> str:
+            vals = [r[field] for r in rows]
+            return f"median {statistics.median(vals):.0f} ms, max {max(vals):.0f} ms"
+        print(f"{key} page ({len(rows)} loads): server response {show('response')}; "
+              f"first contentful paint {show('fcp')}; charts drawn {show('ready')}"
+              + (f"; diagnosis shown {show('findings')}" if "findings" in rows[0] else ""))
+    print(f"  {load_average()}")
+
+
+# ---------------------------------------------------------------------- overhead
+def _train(run_dir: Path, name: str, steps: int) -> subprocess.Popen:
+    cmd = [sys.executable, str(ROOT / "examples" / "mnist1d_cnn.py"), "--train.steps",
+           str(steps), "--run.dir", str(run_dir), "--run.name", name,
+           "--checkpoint.every", "0", "--checkpoint.at_end", "false",
+           "--monitor.progress", "off", "--monitor.log_every", "10",
+           "--train.eval_every", "0", "--train.target", ""]
+    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _open_when_live(page: Any, base: str, name: str, proc: subprocess.Popen) -> bool:
+    import urllib.request
+
+    while proc.poll() is None:
+        with urllib.request.urlopen(base + "/api/runs", timeout=10) as resp:
+            runs = json.loads(resp.read())["runs"]
+        run = next((r for r in runs if r["name"] == name and r["status"] == "running"), None)
+        if run is not None:
+            page.goto(f"{base}/run/{run['run_id']}")
+            page.wait_for_selector("body[data-ready='1']")
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def overhead(args: argparse.Namespace) -> None:
+    import psutil
+    from playwright.sync_api import sync_playwright
+
+    run_dir = Path(tempfile.mkdtemp(prefix="tandem-dash-ovh-"))
+    store = run_dir / "tandem.db"
+    with RunStore(store):
+        pass
+    proc, base = start_server(store)
+    server = psutil.Process(proc.pid)
+    rates: dict[str, list[float]] = {"closed": [], "open": []}
+    cpu: list[float] = []
+    browser_cpu: list[float] = []
+
+    def chromium_cpu() -> float:
+        """CPU seconds of every Chromium process this benchmark started."""
+        total = 0.0
+        for p in psutil.Process().children(recursive=True):
+            try:
+                if "chrom" in p.name().lower():
+                    t = p.cpu_times()
+                    total += t.user + t.system
+            except psutil.Error:
+                continue
+        return total
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            for i in range(args.repeats):
+                for mode in ("closed", "open"):
+                    name = f"{mode}-{i}"
+                    page = browser.new_page() if mode == "open" else None
+                    before, t0 = server.cpu_times(), time.monotonic()
+                    browser_before = chromium_cpu()
+                    train = _train(run_dir, name, args.steps)
+                    if page is not None and not _open_when_live(page, base, name, train):
+                        raise RuntimeError("the run ended before the page could open")
+                    err = train.communicate(timeout=1800)[1]
+                    if train.returncode:
+                        raise RuntimeError(f"training failed:\n{err[-3000:]}")
+                    if page is not None:
+                        after, wall = server.cpu_times(), time.monotonic() - t0
+                        used = (after.user + after.system) - (before.user + before.system)
+                        cpu.append(used / wall)
+                        browser_cpu.append((chromium_cpu() - browser_before) / wall)
+                        page.close()
+                    summary = json.loads((run_dir / name / "summary.json").read_text())
+                    rates[mode].append(summary["samples_per_s"])
+                    print(f"  {name}: {summary['samples_per_s']:.0f} samples/s", flush=True)
+            browser.close()
+    finally:
+        stop(proc)
+    closed, opened = statistics.median(rates["closed"]), statistics.median(rates["open"])
+    pairs = [o / c for c, o in zip(rates["closed"], rates["open"], strict=True)]
+    print(f"overhead: mnist1d_cnn, 1 process, {args.steps} steps, log_every 10, "
+          f"{args.repeats} interleaved pairs")
+    print(f"  samples/s closed {closed:.0f}, open {opened:.0f}: change "
+          f"{(opened / closed - 1) * 100:+.1f}% (pairs: "
+          f"{', '.join(f'{(p - 1) * 100:+.1f}%' for p in pairs)})")
+    print(f"  server CPU while a page was open: median {statistics.median(cpu) * 100:.1f}% "
+          f"of one core, max {max(cpu) * 100:.1f}%; Chromium (the page) median "
+          f"{statistics.median(browser_cpu) * 100:.1f}% of one core")
+    print(f"  {load_average()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="part", required=True)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--seconds", type=float, default=30.0)
+    fp = sub.add_parser("firstpaint")
+    fp.add_argument("--store", default="/tmp/tandem-dash-big.db")
+    fp.add_argument("--repeats", type=int, default=5)
+    ov = sub.add_parser("overhead")
+    ov.add_argument("--repeats", type=int, default=4)
+    ov.add_argument("--steps", type=int, default=1500)
+    args = parser.parse_args()
+    {"latency": latency, "firstpaint": firstpaint, "overhead": overhead}[args.part](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Serving the dashboard: on a background thread (beside a run) or in the foreground."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from tandem.dashboard.app import create_app
+from tandem.dashboard.auth import is_loopback
+from tandem.dashboard.stream import POLL_S
+
+log = logging.getLogger("tandem")
+TOKEN_ENV = "TANDEM_DASHBOARD_TOKEN"
+
+
+def resolve_token(host: str, token: str | None = None) -> str | None:
+    """The token to require: `token`, else $TANDEM_DASHBOARD_TOKEN, else a fresh one when
+    `host` is not loopback; None (no token) on loopback when none was given."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    if token is None and not is_loopback(host):
+        token = secrets.token_urlsafe(24)
+    return token
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 picks a free one."""
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port: {port} is not a TCP port (0..65535; 0 picks a free one)")
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host.strip("[]")).version == 6 \
+            else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET  # a host name
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"--host/--port: cannot listen on {host}:{port}: {err}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server that ends the open event streams as soon as it is told to exit
+    (they would otherwise hold the shutdown until its grace period ran out)."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.on_exit()
+        super().handle_exit(sig, frame)
+
+
+class DashboardServer:
+    """The dashboard over one store, listening on (host, port), until stop()."""
+
+    def __init__(self, store: Path | str, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, poll_s: float = POLL_S) -> None:
+        self.store = Path(store).expanduser().resolve()
+        self.host = host
+        self.token = resolve_token(host, token)
+        self.app = create_app(self.store, self.token, poll_s)
+        self.socket = bind(host, port)
+        self.port = int(self.socket.getsockname()[1])
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False,
+                                lifespan="on", timeout_graceful_shutdown=1)
+        self.server = _Server(config, self.app.state.dashboard.watcher.stop_threadsafe)
+        self._thread: threading.Thread | None = None
+
+    def _address(self, host: str) -> str:
+        return f"[{host}]" if ":" in host else host
+
+    def url(self, path: str = "/runs", local: bool = False) -> str:
+        """The address to open (with ?token= when one is required).
+
+        `local`: the loopback address (where a wildcard bind is reached from here);
+        otherwise this host's name when bound to every interface.
+        """
+        host = self.host.strip("[]")
+        if local or host in ("0.0.0.0", "::"):
+            host = ("::1" if ":" in host else "127.0.0.1") if local else socket.gethostname()
+        url = f"http://{self._address(host)}:{self.port}{path}"
+        return url + (f"?token={self.token}" if self.token else "")
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until SIGINT/SIGTERM (uvicorn handles them)."""
+        self.server.run(sockets=[self.socket])
+
+    def start(self, timeout: float = 15.0) -> DashboardServer:
+        """Serve on a daemon thread; returns once it accepts connections."""
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
+                                        name="tandem-dashboard", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the dashboard did not start on {self.host}:{self.port}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and close the store connections. Idempotent."""
+        self.app.state.dashboard.watcher.stop_threadsafe()
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the dashboard did not stop within %.0f s", timeout)
+        self.socket.close()
+
+    def __enter__(self) -> DashboardServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,244 @@
+// The Run page: curves, phases, rank heatmaps, events, diagnosis, system, config; live.
+"use strict";
+(() => {
+  const d = T.data(), run = d.run, LIMIT = d.points;
+  const TRAINING = new Set(["loss", "samples_per_s", "tokens_per_s", "grad_norm", "lr",
+    "loss_scale", "update_ratio", "mfu"]);
+  const STEP_NAMES = new Set(["time/step", "time/step_p50", "time/step_max"]);
+  const HEAT_NAMES = Object.keys(d.heatmaps).concat(["time/step", "straggler/score"]);
+  T.run = run; T.events = d.events; T.segments = d.segments; T.lines = {}; T.heat = {};
+
+  // Where a metric is drawn: [chart id, section, title]; null: only in a heatmap.
+  const place = (name) => {
+    if (name === "loss" || (!name.includes("/") && !TRAINING.has(name) && name.includes("loss"))) return ["loss", "curves", "loss"];
+    if (name === "samples_per_s") return ["throughput", "curves", "throughput (samples/s)"];
+    if (name === "tokens_per_s") return ["tokens", "curves", "throughput (tokens/s)"];
+    if (STEP_NAMES.has(name)) return ["steptime", "phases", "step time (s): mean, p50, max"];
+    if (name.startsWith("time/")) return ["phases", "phases", "step-time split: seconds per step by phase"];
+    if (name === "straggler/score") return null;
+    if (name.startsWith("sys/") || name.startsWith("mem/")) return [name, "system", name];
+    if (!name.includes("/") || TRAINING.has(name)) return [name, "curves", name];
+    return [name, "other", name];
+  };
+  const order = (name) => name === "loss" ? 0 : (!name.includes("/") && !TRAINING.has(name)) ? 1
+    : name === "samples_per_s" ? 2 : name === "tokens_per_s" ? 3 : 4;
+  const withMarkers = new Set(["loss", "throughput", "tokens"]);
+
+  const lineFor = (name, rank, raw) => {
+    T.lines[name] = T.lines[name] || {};
+    if (T.lines[name][rank]) return T.lines[name][rank];
+    const where = place(name);
+    if (!where) return null;
+    const s = raw ? T.series(raw) : { step: [], value: [], time: [], n: 0 };
+    const line = { label: rank === "-1" ? name : `${name} rank ${rank}`, s, name, rank };
+    T.lines[name][rank] = line;
+    const [id, section, title] = where;
+    if (T.charts[id]) T.charts[id].add(line);
+    else new T.Chart(id, document.getElementById(section), title, [line],
+      { plugins: withMarkers.has(id) ? [T.markers(() => T.events)] : [] });
+    return line;
+  };
+
+  // ---------------------------------------------------------------- heatmaps
+  const color = (name, v, lo, hi) => {
+    if (!Number.isFinite(v)) return "#9e9e9e";
+    if (name === "straggler/score") {
+      const t = Math.max(-1, Math.min(1, (v - 1) / 0.5));
+      return t >= 0 ? `rgb(255,${Math.round(255 - 200 * t)},${Math.round(255 - 220 * t)})`
+        : `rgb(${Math.round(255 + 160 * t)},${Math.round(255 + 100 * t)},255)`;
+    }
+    const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+    return `rgb(${Math.round(235 - 190 * t)},${Math.round(242 - 150 * t)},${Math.round(255 - 90 * t)})`;
+  };
+  const drawHeat = (name) => {
+    const h = T.heat[name], box = h.box;
+    const finite = h.values.flat().filter(Number.isFinite);
+    const lo = Math.min(...finite), hi = Math.max(...finite);
+    const cv = h.canvas, ctx = cv.getContext("2d");
+    cv.width = Math.max(1, h.step.length); cv.height = h.ranks.length;
+    const rowPx = Math.max(4, Math.min(18, Math.floor(400 / Math.max(1, h.ranks.length))));
+    cv.style.height = `${rowPx * h.ranks.length}px`;
+    h.labels.replaceChildren(...h.ranks.map((r) => T.el("div", { style: `height:${rowPx}px;line-height:${rowPx}px`,
+      text: rowPx >= 12 ? `rank ${r}` : "" })));
+    h.ranks.forEach((_, r) => h.values[r].forEach((v, c) => {
+      ctx.fillStyle = color(name, v, lo, hi); ctx.fillRect(c, r, 1, 1);
+    }));
+    h.scale.textContent = `${h.ranks.length} ranks × ${h.step.length} windows (each cell: the ` +
+      `largest value in its windows) · min ${T.fmt(lo)} · max ${T.fmt(hi)}` +
+      (name === "straggler/score" ? " · white = the median rank, red = slower" : "");
+    box.dataset.columns = h.step.length;
+  };
+  const heatmap = (name, raw) => {
+    const box = T.el("div", { class: "heatmap", id: `heat-${name}` });
+    const canvas = T.el("canvas"), tip = T.el("div", { class: "tip" });
+    const scale = T.el("div", { class: "legend-scale" }), labels = T.el("div", { class: "ranks" });
+    box.append(T.el("h3", { text: `${name} by rank and window` }),
+      T.el("div", { class: "heatrow" }, labels, canvas), tip, scale);
+    document.getElementById("heatmaps").append(box);
+    const h = T.heat[name] = { step: raw.step.slice(), ranks: raw.ranks.slice(),
+      values: raw.values.map(T.nums), box, canvas, tip, scale, labels };
+    canvas.addEventListener("mousemove", (e) => {
+      const r = canvas.getBoundingClientRect();
+      const c = Math.floor((e.clientX - r.left) / r.width * h.step.length);
+      const k = Math.floor((e.clientY - r.top) / r.height * h.ranks.length);
+      if (c < 0 || k < 0 || c >= h.step.length || k >= h.ranks.length) return;
+      tip.style.display = "block"; tip.style.left = `${e.clientX - r.left + 12}px`;
+      tip.style.top = `${e.clientY - r.top + 30}px`;
+      tip.textContent = `rank ${h.ranks[k]} · step ${h.step[c]} · ${T.fmt(h.values[k][c])}`;
+    });
+    canvas.addEventListener("mouseleave", () => { tip.style.display = "none"; });
+    new IntersectionObserver((entries) => {
+      h.visible = entries[entries.length - 1].isIntersecting;
+      if (h.visible && h.dirty) { h.dirty = false; drawHeat(name); }
+    }).observe(box);
+    drawHeat(name);
+  };
+  const drawVisibleHeat = () => {
+    for (const [name, h] of Object.entries(T.heat)) if (h.dirty && h.visible !== false) { h.dirty = false; drawHeat(name); }
+  };
+  const heatPut = (name, step, rank, value) => {
+    let h = T.heat[name];
+    if (!h) { heatmap(name, { step: [], ranks: [], values: [] }); h = T.heat[name]; }
+    let k = h.ranks.indexOf(rank);
+    if (k < 0) {
+      h.ranks.push(rank); h.values.push(new Array(h.step.length).fill(NaN)); k = h.ranks.length - 1;
+      const order = h.ranks.map((r, i) => [r, i]).sort((a, b) => a[0] - b[0]);
+      h.ranks = order.map((o) => o[0]); h.values = order.map((o) => h.values[o[1]]);
+      k = h.ranks.indexOf(rank);
+    }
+    const n = h.step.length;
+    if (!n || step > h.step[n - 1]) { h.step.push(step); h.values.forEach((row) => row.push(NaN)); }
+    const c = h.step.lastIndexOf(step);
+    if (c < 0) return; // an old window inside a merged bucket
+    h.values[k][c] = value;
+    if (h.step.length > 2 * d.columns) { // merge neighbour columns, keeping the larger value
+      const keep = (a, b) => !Number.isFinite(a) || !Number.isFinite(b) ? NaN : Math.max(a, b);
+      h.step = h.step.filter((_, i) => i % 2 === 1 || i === h.step.length - 1);
+      h.values = h.values.map((row) => row.reduce((out, v, i) => {
+        if (i % 2 === 0 && i + 1 < row.length) out.push(keep(v, row[i + 1]));
+        else if (i % 2 === 0) out.push(v);
+        return out;
+      }, []));
+    }
+  };
+
+  // ---------------------------------------------------------------- text parts
+  const header = () => {
+    const env = run.env || {}, last = T.lines.loss && T.lines.loss["-1"];
+    const steps = Object.values(T.lines).flatMap((byRank) => Object.values(byRank))
+      .map((l) => l.s.step[l.s.step.length - 1] || 0);
+    const rate = T.lines.samples_per_s && T.lines.samples_per_s["-1"];
+    const end = run.finished || Date.now() / 1000;
+    const live = run.status === "running" && Date.now() / 1000 - T.lastActivity < 300;
+    const head = document.getElementById("head");
+    head.replaceChildren(
+      T.el("h1", {}, run.name, T.el("span", { class: `badge ${run.status}`, id: "status", text: run.status }),
+        live ? T.el("span", { class: "badge live", text: "live" }) : null,
+        T.el("small", { text: run.run_id })),
+      T.el("div", { class: "muted" }, [`started ${T.when(run.started)}`, `${env.world_size ?? "?"} × ${env.device ?? "?"}`,
+        `host ${env.host ?? "?"}`, `torch ${env.torch ?? "?"}`, env.git_commit ? `commit ${String(env.git_commit).slice(0, 10)}` : null]
+        .filter(Boolean).join(" · ")),
+      T.el("div", { class: "kpis" }, [
+        ["step", Math.max(0, ...steps)],
+        ["loss", last ? last.s.value[last.s.value.length - 1] : null],
+        ["samples/s", rate ? rate.s.value[rate.s.value.length - 1] : null],
+        ["duration", T.secs(end - run.started)]].map(([k, v]) =>
+        T.el("div", {}, T.el("b", { id: `kpi-${k.replace("/", "")}`, text: typeof v === "string" ? v : T.fmt(v) }), T.el("span", { text: k })))));
+  };
+  const eventsTable = () => {
+    const box = document.getElementById("events");
+    if (!T.events.length) { box.replaceChildren(T.el("p", { class: "muted", text: "no events" })); return; }
+    box.replaceChildren(T.table(["step", "rank", "kind", "message", "value", "threshold", "time"],
+      T.events.map((e) => [e.step, e.rank, e.kind, e.message, e.value, e.threshold, T.when(e.time)]),
+      [true, true, false, false, true, true, false]));
+  };
+  const segmentsTable = () => {
+    const box = document.getElementById("segments"), segs = T.segments;
+    if (segs.length < 2) { box.replaceChildren(T.el("p", { class: "muted", text: "one segment: the run was never resumed or restarted" })); return; }
+    box.replaceChildren(T.table(["#", "from step", "to step", "started", "why"],
+      segs.map((s) => [s.index, s.start_step, s.end_step, T.when(s.started), s.cause]), [true, true, true, false, false]));
+  };
+  const configCards = () => {
+    const box = document.getElementById("config");
+    box.replaceChildren(...[["Config", run.config], ["Plan", run.plan], ["Environment", run.env],
+      ["Summary", run.summary]].filter(([, v]) => v).map(([k, v]) => T.card(k, T.kv(v))));
+  };
+
+  // Each finding's fields, whatever they are: kind and severity head it, the rest below.
+  const renderFindings = (found) => {
+    const box = document.getElementById("findings");
+    box.className = "";
+    if (!found.findings.length) { box.replaceChildren(T.el("p", { class: "muted", text: "nothing to diagnose yet: no timing figures recorded" })); return; }
+    box.replaceChildren(...found.findings.map((f) => T.el("div", { class: `finding ${f.severity}`, "data-kind": f.kind },
+      T.el("h3", {}, f.kind, T.el("small", { text: f.severity })),
+      f.message ? T.el("div", { text: f.message }) : null,
+      Object.entries(f).filter(([k]) => !["kind", "severity", "message"].includes(k)).map(([k, v]) =>
+        T.el("div", { class: "field", "data-field": k }, T.el("b", { text: k }), T.kv(v))))));
+  };
+  let diagnosedAt = 0, dirty = false;
+  const diagnose = async () => {
+    diagnosedAt = Date.now(); dirty = false;
+    const res = await fetch(`/api/run/${encodeURIComponent(run.run_id)}/findings`);
+    if (res.ok) { T.findings = await res.json(); renderFindings(T.findings); }
+  };
+
+  // ---------------------------------------------------------------- build
+  T.lastActivity = Math.max(run.started, d.last_time || 0);
+  const names = Object.keys(d.series).sort((a, b) => order(a) - order(b) || a.localeCompare(b));
+  for (const name of names) {
+    for (const [rank, raw] of Object.entries(d.series[name])) {
+      if (!(HEAT_NAMES.includes(name) && rank !== "-1")) lineFor(name, rank, raw);
+    }
+  }
+  for (const [name, raw] of Object.entries(d.heatmaps)) heatmap(name, raw);
+  if (!Object.keys(d.heatmaps).length) document.getElementById("ranks-section").hidden = true;
+  if (!document.getElementById("other").children.length) document.getElementById("other-section").hidden = true;
+  if (!names.length) document.getElementById("curves").append(T.el("p", { class: "muted", text: "no metrics recorded yet" }));
+  header(); eventsTable(); segmentsTable(); configCards();
+  T.ready();
+  diagnose();
+
+  // ---------------------------------------------------------------- live
+  const apply = (msg) => {
+    const touched = new Set(), heat = new Set();
+    for (const [step, rank, name, v, time] of msg.rows || []) {
+      const value = T.num(v);
+      T.lastActivity = Math.max(T.lastActivity, time);
+      if (rank >= 0 && (HEAT_NAMES.includes(name))) { heatPut(name, step, rank, value); heat.add(name); }
+      const have = T.lines[name] || {};
+      const key = String(rank);
+      if (rank >= 0 && (have["-1"] || HEAT_NAMES.includes(name))) continue;
+      if (rank >= 0 && !have[key] && Object.keys(have).length >= 16) continue;
+      const line = have[key] || lineFor(name, key, null);
+      if (!line) continue;
+      T.upsert(line.s, step, value, time);
+      touched.add(line);
+    }
+    const charts = new Set();
+    for (const line of touched) { T.decimate(line.s, LIMIT); charts.add(place(line.name)[0]); }
+    for (const id of charts) T.charts[id].refresh();
+    for (const name of heat) T.heat[name].dirty = true;
+    drawVisibleHeat();
+    if (msg.events) {
+      T.events.push(...msg.events);
+      for (const e of msg.events) {
+        if (["resume", "restart"].includes(String(e.kind).toLowerCase())) {
+          const prev = T.segments[T.segments.length - 1];
+          if (prev && prev.index > 0 && prev.start_step === e.step) prev.cause += `; ${e.message}`;
+          else T.segments.push({ index: T.segments.length, start_step: e.step, end_step: e.step, started: e.time, cause: `${e.kind}: ${e.message}` });
+        }
+      }
+      eventsTable();
+      for (const id of withMarkers) if (T.charts[id]) T.charts[id].u.redraw();
+    }
+    const last = T.segments[T.segments.length - 1];
+    if (last && msg.rows && msg.rows.length) last.end_step = Math.max(last.end_step, ...msg.rows.map((r) => r[0]));
+    if (msg.events || (msg.rows && T.segments.length > 1)) segmentsTable();
+    if (msg.run) { Object.assign(run, msg.run); configCards(); }
+    header();
+    if (msg.rows) dirty = true;
+    if (dirty && Date.now() - diagnosedAt > 10000) diagnose();
+  };
+  T.stream(`/run/${encodeURIComponent(run.run_id)}`, d.cursor, apply);
+  setInterval(() => { if (dirty && Date.now() - diagnosedAt > 10000) diagnose(); }, 5000);
+})();

@@ -1,0 +1,83 @@
+// The Tuner page: a session's trials (baseline, controls, candidates), their 95%
+// intervals against the plan, and the decision.
+"use strict";
+(() => {
+  const d = T.data();
+  const select = document.getElementById("session");
+  T.tuner = d;
+  for (const s of d.sessions) {
+    const opt = T.el("option", { value: s.run_id, text: `${s.name} · ${T.when(s.started)} · ${s.status}` });
+    if (d.session && s.run_id === d.session.run_id) opt.selected = true;
+    select.append(opt);
+  }
+  select.addEventListener("change", () => { location.href = `/tuner?session=${encodeURIComponent(select.value)}`; });
+  if (!d.session) {
+    document.getElementById("head").append(T.el("p", { class: "muted", text: "no tune session in this store (tandem tune records one)" }));
+    T.ready(); return;
+  }
+  const trials = new Map(d.trials.map((t) => [t.trial_id, t]));
+  const session = d.session;
+  const minGain = ((session.config || {}).tune || {}).min_gain;
+  const interval = (x, suffix) => x && typeof x === "object" && "estimate" in x
+    ? `${T.fmt(x.estimate)}${suffix || ""} [${T.fmt(x.low)}, ${T.fmt(x.high)}]` : "–";
+
+  const head = () => document.getElementById("head").replaceChildren(
+    T.el("h1", {}, session.name, T.el("span", { class: `badge ${session.status}`, text: session.status }),
+      T.el("small", { text: session.run_id })),
+    T.el("div", { class: "muted", text: `started ${T.when(session.started)} · script ${(session.config || {}).script ?? "?"} · ${(session.config || {}).nproc ?? "?"} processes` + (minGain !== undefined ? ` · adopt when the lower bound of the speed-up exceeds ${T.fmt(1 + minGain)}x` : "") }));
+  const decision = () => {
+    const s = session.summary, box = document.getElementById("decision");
+    if (!s) { box.replaceChildren(T.el("p", { class: "muted", text: session.status === "running" ? "the session is still running" : "no decision recorded" })); return; }
+    box.replaceChildren(T.el("div", { class: "grid" },
+      T.card("Chosen plan changes", Object.keys(s.chosen || {}).length ? T.kv(s.chosen) : T.el("p", { text: "keep the current plan" })),
+      T.card("Speed-up vs the starting plan [95% CI]", T.el("p", { text: interval(s.speedup, "x") })),
+      T.card("Evidence and the rest", T.kv(Object.fromEntries(Object.entries(s).filter(([k]) => !["chosen", "speedup"].includes(k)))))));
+  };
+  // Ratio intervals as an SVG: one row per trial with a ratio, lines at 1 and 1 + min_gain.
+  const intervals = () => {
+    const box = document.getElementById("intervals");
+    const rows = [...trials.values()].filter((t) => t.figures && t.figures.ratio && "low" in t.figures.ratio);
+    if (!rows.length) { box.replaceChildren(T.el("p", { class: "muted", text: "no trial measured against the plan yet" })); return; }
+    const lows = rows.map((t) => T.num(t.figures.ratio.low)), highs = rows.map((t) => T.num(t.figures.ratio.high));
+    const lo = Math.min(0.9, ...lows.filter(Number.isFinite)), hi = Math.max(1.1, 1 + (minGain || 0) + 0.02, ...highs.filter(Number.isFinite));
+    const W = 820, L = 260, R = 90, H = 24 * rows.length + 30, x = (v) => L + (v - lo) / (hi - lo) * (W - L - R);
+    const ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
+    const add = (tag, attrs, text) => { const e = document.createElementNS(ns, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text) e.textContent = text; svg.append(e); return e; };
+    svg.setAttribute("class", "intervals"); svg.setAttribute("viewBox", `0 0 ${W} ${H}`); svg.setAttribute("width", W);
+    for (const [v, label, dash] of [[1, "1x", ""], ...(minGain !== undefined ? [[1 + minGain, `${T.fmt(1 + minGain)}x`, "4 3"]] : [])]) {
+      add("line", { x1: x(v), x2: x(v), y1: 4, y2: H - 18, stroke: "#888", "stroke-dasharray": dash });
+      add("text", { x: x(v) - 10, y: H - 4 }, label);
+    }
+    rows.forEach((t, i) => {
+      const y = 16 + 24 * i, r = t.figures.ratio, c = t.status === "adopted" ? "#2e7d32" : t.figures.kind === "control" ? "#2f6fd6" : "#d6552f";
+      add("text", { x: 4, y: y + 4 }, `${t.trial_id} ${t.figures.label || ""} (${t.status})`.slice(0, 40));
+      add("line", { x1: x(T.num(r.low)), x2: x(T.num(r.high)), y1: y, y2: y, stroke: c, "stroke-width": 3 });
+      add("circle", { cx: x(T.num(r.estimate)), cy: y, r: 4, fill: c, "data-trial": t.trial_id });
+      add("text", { x: W - R + 6, y: y + 4 }, `${T.fmt(r.estimate)}x`);
+    });
+    box.replaceChildren(svg);
+  };
+  const table = () => {
+    const rows = [...trials.values()];
+    const box = document.getElementById("trials");
+    box.replaceChildren(T.el("table", { class: "list" },
+      T.el("thead", {}, T.el("tr", {}, ["#", "kind", "trial", "status", "changes", "samples/s [95% CI]", "vs plan [95% CI]", "decision", "figures"].map((h) => T.el("th", { text: h })))),
+      T.el("tbody", {}, rows.map((t) => {
+        const f = t.figures || {}, rest = Object.fromEntries(Object.entries(f).filter(([k]) => !["label", "kind", "samples_per_s", "ratio"].includes(k)));
+        const more = Object.keys(rest).length ? T.el("details", {}, T.el("summary", { text: `${Object.keys(rest).length} more` }), T.kv(rest)) : "";
+        return T.el("tr", { class: `${f.kind || ""} ${t.status}`, "data-trial": t.trial_id },
+          T.el("td", { text: t.trial_id }), T.el("td", { text: f.kind ?? "–" }), T.el("td", { text: f.label ?? "–" }),
+          T.el("td", { text: t.status }), T.el("td", {}, Object.keys(t.plan || {}).length ? T.kv(t.plan) : "–"),
+          T.el("td", { class: "num", text: interval(f.samples_per_s) }), T.el("td", { class: "num", text: interval(f.ratio, "x") }),
+          T.el("td", { text: t.decision ?? "" }), T.el("td", {}, more));
+      }))));
+  };
+  const render = () => { head(); decision(); intervals(); table(); };
+  render();
+  T.ready();
+  T.stream(`/tuner?session=${encodeURIComponent(session.run_id)}`, d.cursor, (msg) => {
+    for (const t of msg.trials || []) trials.set(t.trial_id, t);
+    if (msg.session) Object.assign(session, msg.session);
+    render();
+  });
+})();

@@ -1,0 +1,141 @@
+"""Server-sent events: one watcher polls the store, each open page gets only new rows.
+
+One task per server asks SQLite's `PRAGMA data_version` (a read of the WAL index, no
+query) every POLL_S; when another connection has committed, it wakes every stream, and
+each stream asks its page for the rows past its own cursor. An idle store costs one
+pragma per POLL_S whatever the number of open pages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from starlette.concurrency import run_in_threadpool
+
+from tandem.dashboard.reader import Reader, StoreUnavailable, connect_readonly
+
+log = logging.getLogger("tandem")
+
+POLL_S = 0.2
+HEARTBEAT_S = 15.0  # a comment line this often finds a page that went away
+
+Cursor = dict[str, int]
+Updates = Callable[[sqlite3.Connection, Mapping[str, str], Cursor],
+                   tuple[dict[str, Any] | None, Cursor]]
+
+
+class Watcher:
+    """Counts the commits other connections made to the store (polled)."""
+
+    def __init__(self, reader: Reader, poll_s: float = POLL_S) -> None:
+        self.reader, self.poll_s = reader, poll_s
+        self.version = 0
+        self.stopped = False
+        self._changed = asyncio.Event()
+        self._conn: sqlite3.Connection | None = None
+        self._last: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _check(self) -> bool:
+        if self._conn is None:
+            try:
+                self._conn = connect_readonly(self.reader.path)
+            except StoreUnavailable:
+                return False
+            # The baseline is read at once: a commit right after it must count.
+            self._last = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            return True  # the file appeared, or the watcher started: streams look again
+        current = self._conn.execute("PRAGMA data_version").fetchone()[0]
+        changed = self._last is not None and current != self._last
+        self._last = current
+        return changed
+
+    async def run(self) -> None:
+        """Poll until stop(); wake the waiting streams on each change."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            while not self.stopped:
+                try:
+                    changed = self._check()
+                except sqlite3.Error as err:  # a locked or replaced file: try again
+                    log.debug("dashboard: polling the store failed: %s", err)
+                    changed = False
+                if changed:
+                    self._bump()
+                await asyncio.sleep(self.poll_s)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
+
+    def _bump(self) -> None:
+        self.version += 1
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    def stop(self) -> None:
+        """End run() and every stream waiting in wait()."""
+        self.stopped = True
+        self._bump()
+
+    def stop_threadsafe(self) -> None:
+        """stop(), from any thread (or a signal handler)."""
+        self.stopped = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.stop)
+
+    async def wait(self, seen: int, timeout: float) -> int:
+        """The version once it passes `seen` (or at the timeout)."""
+        if self.version == seen:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                pass
+        return self.version
+
+
+def parse_cursor(text: str | None) -> Cursor:
+    """'m=12&e=3' -> {'m': 12, 'e': 3}; bad parts are ignored (the page then gets more)."""
+    out: Cursor = {}
+    for key, value in parse_qsl(text or ""):
+        try:
+            out[key] = int(value)
+        except ValueError:
+            continue
+    return out
+
+
+def message(payload: Mapping[str, Any], cursor: Cursor) -> str:
+    """One SSE message: the cursor as its id (a reconnect resumes from it), JSON data."""
+    data = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    return f"id: {urlencode(cursor)}\nevent: update\ndata: {data}\n\n"
+
+
+async def events(watcher: Watcher, reader: Reader, updates: Updates,
+                 args: Mapping[str, str], cursor: Cursor) -> AsyncIterator[str]:
+    """The stream of one page: updates past `cursor` whenever the store changes."""
+
+    def step(current: Cursor) -> tuple[dict[str, Any] | None, Cursor]:
+        with reader.snapshot() as conn:
+            return updates(conn, args, current)
+
+    seen = watcher.version
+    yield ": connected\n\n"
+    while not watcher.stopped:
+        try:
+            payload, cursor = await run_in_threadpool(step, cursor)
+        except StoreUnavailable:
+            payload = None
+        if payload is not None:
+            yield message(payload, cursor)
+            if payload.get("more"):
+                continue  # a backlog: send the next part without waiting
+        before = seen
+        seen = await watcher.wait(seen, HEARTBEAT_S)
+        if seen == before and not watcher.stopped:
+            yield ": ping\n\n"

@@ -1,0 +1,108 @@
+"""The Run page: one run's curves, phases, ranks, events, diagnosis, system and config."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from tandem.analyze.diagnose import diagnose
+from tandem.dashboard import queries, series, shape
+from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
+
+Cursor = dict[str, int]
+# Rows sent in one update at most; the rest follow in the next ones at once.
+UPDATE_LIMIT = 50_000
+
+
+class NotFound(LookupError):
+    """The page names a run (or session) the store does not hold."""
+
+
+def _run(conn: sqlite3.Connection, run_id: str) -> dict[str, Any]:
+    run = queries.run(conn, run_id)
+    if run is None:
+        raise NotFound(f"no run {run_id!r} in the store")
+    return run
+
+
+def _int_arg(args: Mapping[str, str], key: str, default: int, low: int, high: int) -> int:
+    raw = args.get(key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{key}: {raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise ValueError(f"{key}: {value} is outside [{low}, {high}]")
+    return value
+
+
+def _state(run: Mapping[str, Any]) -> dict[str, Any]:
+    return {"status": run["status"], "finished": run["finished"],
+            "summary": run.get("summary")}
+
+
+def _sig(run: Mapping[str, Any]) -> int:
+    return zlib.crc32(repr((run["status"], run["finished"])).encode())
+
+
+def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
+    """Everything the page draws, downsampled, and the cursor of what it holds."""
+    run = _run(conn, args["run_id"])
+    points = _int_arg(args, "points", DEFAULT_POINTS, 4, 100_000)
+    columns = _int_arg(args, "columns", DEFAULT_COLUMNS, 1, 10_000)
+    cursor = {"m": queries.max_rowid(conn, "metrics"), "e": queries.max_rowid(conn, "events"),
+              "s": _sig(run)}
+    lines = series.run_lines(conn, run["run_id"], points, columns, times=False)
+    events = queries.events(conn, run["run_id"])
+    out = shape.jsonable({
+        "run": {k: run[k] for k in ("run_id", "name", "started", "finished", "status",
+                                    "config", "plan", "env", "summary")},
+        "cursor": cursor, "points": points, "columns": columns,
+        "last_time": lines["last_time"], "events": events,
+        "segments": shape.segments(events, run["started"], lines["last_step"]),
+    })
+    # Already JSON-safe, and the bulk of the page: not walked again.
+    out["series"], out["heatmaps"] = lines["series"], lines["heatmaps"]
+    return out
+
+
+def updates(conn: sqlite3.Connection, args: Mapping[str, str],
+            cursor: Cursor) -> tuple[dict[str, Any] | None, Cursor]:
+    """The run's rows and events committed past `cursor`, and its state if it changed."""
+    run = _run(conn, args["run_id"])
+    top_m, top_e = queries.max_rowid(conn, "metrics"), queries.max_rowid(conn, "events")
+    new = dict(cursor)
+    out: dict[str, Any] = {}
+    if top_m > cursor.get("m", 0):
+        rows = queries.metric_rows_since(conn, cursor.get("m", 0), [run["run_id"]],
+                                         UPDATE_LIMIT)
+        new["m"] = rows[-1][0] if len(rows) == UPDATE_LIMIT else top_m
+        if rows:
+            out["rows"] = [r[1:] for r in rows]
+            out["more"] = len(rows) == UPDATE_LIMIT
+    if top_e > cursor.get("e", 0):
+        out["events"] = queries.events(conn, run["run_id"], cursor.get("e", 0))
+        new["e"] = top_e
+    if _sig(run) != cursor.get("s"):
+        out["run"] = _state(run)
+        new["s"] = _sig(run)
+    return (shape.jsonable(out) if out else None), new
+
+
+def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
+    """tandem.analyze.diagnose's findings on the run's rows, every field of each."""
+    run = _run(conn, args["run_id"])
+    rows = queries.metric_rows(conn, run["run_id"])
+    metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
+               for r in rows]
+    events = queries.events(conn, run["run_id"])
+    found = diagnose(metrics, events, config=run.get("config"))
+    as_dicts = [dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
+                for f in found]
+    return shape.jsonable({"findings": as_dicts, "rows": len(rows),
+                           "cursor": queries.max_rowid(conn, "metrics")})

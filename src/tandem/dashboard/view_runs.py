@@ -1,0 +1,74 @@
+"""The Runs page: every run, newest first, with its status and latest figures."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+from tandem.dashboard import queries
+from tandem.dashboard.shape import jsonable
+
+Cursor = dict[str, int]
+# A run still marked running is shown live while it wrote something this recently; a
+# run whose process was killed stays "running" in the store and is shown as silent.
+LIVE_AFTER_S = 300.0
+
+
+def _states_sig(conn: sqlite3.Connection) -> int:
+    return zlib.crc32(repr(sorted(queries.run_states(conn))).encode())
+
+
+def run_row(conn: sqlite3.Connection, run: Mapping[str, Any], tuned: set[str],
+            now: float) -> dict[str, Any]:
+    """One line of the runs table."""
+    env, plan, summary = run.get("env") or {}, run.get("plan") or {}, run.get("summary") or {}
+    loss = queries.last_row(conn, run["run_id"], "loss")
+    last = loss or queries.last_row(conn, run["run_id"], "time/step")
+    activity = max(t for t in (run["started"], last and last["time"],
+                               queries.last_event_time(conn, run["run_id"])) if t)
+    running = run["status"] == "running"
+    return jsonable({
+        "run_id": run["run_id"], "name": run["name"], "status": run["status"],
+        "live": running and now - activity <= LIVE_AFTER_S,
+        "silent_s": now - activity if running else None,
+        "started": run["started"], "finished": run["finished"],
+        "world_size": env.get("world_size"), "device": env.get("device"),
+        "host": env.get("host"), "strategy": plan.get("strategy"),
+        "steps": summary.get("steps", last["step"] if last else None),
+        "loss": loss["value"] if loss else None,
+        "tune": run["run_id"] in tuned, "last_time": activity,
+    })
+
+
+def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
+    """Every run, newest first, and the cursor of what the page has seen."""
+    now = time.time()
+    tuned = set(queries.tune_sessions(conn))
+    rows = [run_row(conn, r, tuned, now) for r in queries.runs(conn)]
+    cursor = {"m": queries.max_rowid(conn, "metrics"), "r": queries.max_rowid(conn, "runs"),
+              "e": queries.max_rowid(conn, "events"), "s": _states_sig(conn)}
+    return {"runs": rows, "cursor": cursor, "now": now}
+
+
+def updates(conn: sqlite3.Connection, args: Mapping[str, str],
+            cursor: Cursor) -> tuple[dict[str, Any] | None, Cursor]:
+    """The runs that changed since `cursor`: new runs, new rows, new statuses."""
+    top = {"m": queries.max_rowid(conn, "metrics"), "r": queries.max_rowid(conn, "runs"),
+           "e": queries.max_rowid(conn, "events"), "s": _states_sig(conn)}
+    if top == cursor:
+        return None, cursor
+    every = queries.runs(conn)
+    if top["s"] != cursor.get("s"):
+        changed = every  # a status changed in place: resend every run's line
+    else:
+        ids = set(queries.runs_with_rows_since(conn, cursor.get("m", 0)))
+        ids |= {r["run_id"] for r in every if r["rowid"] > cursor.get("r", 0)}
+        if top["e"] != cursor.get("e"):
+            ids |= {r["run_id"] for r in every if r["status"] == "running"}
+        changed = [r for r in every if r["run_id"] in ids]
+    now = time.time()
+    tuned = set(queries.tune_sessions(conn))
+    return {"runs": [run_row(conn, r, tuned, now) for r in changed], "now": now}, top

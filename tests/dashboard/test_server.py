@@ -1,0 +1,171 @@
+"""The dashboard's server without a browser: read-only store, tokens, incremental streams."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tandem.dashboard.reader import Reader
+from tandem.monitor.store import RunStore
+from tests.dashboard.conftest import get, get_json
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUTES = ["/runs", "/run/alpha-1", "/compare?runs=alpha-1,beta-1", "/tuner",
+          "/api/runs", "/api/run/alpha-1", "/api/run/alpha-1/findings",
+          "/api/compare?runs=alpha-1,beta-1", "/api/tuner?session=tune-1",
+          "/static/run.js", "/static/vendor/uplot/uPlot.iife.min.js"]
+
+
+def _fingerprint(path: Path) -> tuple[str, int]:
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+
+
+def test_the_store_is_never_written(store: Path, serve) -> None:
+    before = _fingerprint(store)
+    server = serve(store)
+    base = server.url("", local=True)
+    for route in ROUTES:
+        status, body, _ = get(base + route)
+        assert status == 200, (route, body[:200])
+    assert _fingerprint(store) == before
+    # The app's own connections refuse writes (SQLite mode=ro), from any thread.
+    reader = server.app.state.dashboard.reader
+    conn = reader.connection()
+    with pytest.raises(sqlite3.OperationalError, match="readonly|read-only|query_only"):
+        conn.execute("INSERT INTO meta VALUES ('dashboard', 'was here')")
+    other = Reader(store)
+    with pytest.raises(sqlite3.OperationalError):
+        other.connection().execute("DELETE FROM runs")
+    other.close()
+    server.stop()
+    assert _fingerprint(store) == before
+    with RunStore(store) as check:  # what a writer sees: nothing changed
+        assert [r["run_id"] for r in check.runs()] == ["alpha-1", "beta-1", "tune-1", "live-1"]
+
+
+def test_pages_json_matches_the_store(store: Path, serve) -> None:
+    base = serve(store).url("", local=True)
+    runs = get_json(base + "/api/runs")["runs"]
+    with RunStore(store) as s:
+        expected = sorted(s.runs(), key=lambda r: r["started"], reverse=True)
+        assert [r["run_id"] for r in runs] == [r["run_id"] for r in expected]
+        assert {r["run_id"]: r["status"] for r in runs} == {
+            r["run_id"]: r["status"] for r in expected}
+        loss = s.metrics("alpha-1", name="loss", rank=-1)
+    data = get_json(base + "/api/run/alpha-1")
+    line = data["series"]["loss"]["-1"]
+    assert line["step"] == [m["step"] for m in loss]
+    assert line["value"] == pytest.approx([m["value"] for m in loss], rel=1e-12)
+    assert get(base + "/run/nope")[0] == 404
+    assert get(base + "/api/run/alpha-1?points=2")[0] == 400
+
+
+def _read_update(resp, deadline: float) -> dict:
+    """The data of the next `update` message of an open SSE response."""
+    event = None
+    while time.monotonic() < deadline:
+        line = resp.readline().decode().rstrip("\n")
+        if line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+        elif line.startswith("data:") and event == "update":
+            return json.loads(line.split(":", 1)[1])
+    raise AssertionError("no update message before the deadline")
+
+
+def test_stream_sends_only_rows_past_the_cursor(store: Path, serve) -> None:
+    import urllib.parse
+    import urllib.request
+
+    base = serve(store).url("", local=True)
+    cursor = get_json(base + "/api/run/live-1")["cursor"]
+    url = (base + "/stream/run/live-1?cursor="
+           + urllib.parse.quote(urllib.parse.urlencode(cursor)))
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.readline().startswith(b": connected")
+        new = [(110, -1, "loss", 1.9, time.time()), (110, 0, "mem/rss_bytes", 1e9, time.time())]
+        with RunStore(store) as s:
+            s.log_metrics("live-1", new)
+            s.log_metrics("alpha-1", [(999, -1, "loss", 0.5, time.time())])  # another run
+            s.log_event("live-1", 110, -1, "target", "accuracy reached 0.9")
+        got = _read_update(resp, time.monotonic() + 10)
+        rows = list(got.get("rows", []))
+        if "events" not in got:  # rows and the event were two commits: maybe two messages
+            more = _read_update(resp, time.monotonic() + 10)
+            rows += more.get("rows", [])
+            got["events"] = more["events"]
+    assert [tuple(r[:4]) for r in rows] == [r[:4] for r in new]
+    assert [e["kind"] for e in got["events"]] == ["target"]
+
+
+def _tandem(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tandem.cli", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT)
+
+
+def _url_from(proc: subprocess.Popen, deadline_s: float = 60) -> str:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if "http://" in line:
+            return line[line.index("http://"):].strip()
+        if not line and proc.poll() is not None:
+            break
+    raise AssertionError(f"no URL printed (exit {proc.poll()})")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.timeout(90)
+def test_token_is_required_off_loopback(store: Path) -> None:
+    token = "t0ken-for-tests-" + "x" * 16
+    env = dict(os.environ, TANDEM_DASHBOARD_TOKEN=token, PYTHONPATH=str(ROOT))
+    port = _free_port()
+    proc = _tandem("dashboard", "--store", str(store), "--host", "0.0.0.0", "--port",
+                   str(port), env=env)
+    try:
+        url = _url_from(proc)
+        assert f"token={token}" in url and f":{port}/" in url
+        base = f"http://127.0.0.1:{port}"
+        for route in [*ROUTES, "/stream/runs"]:
+            status, _, headers = get(base + route)
+            assert status == 401, route
+            assert get(base + route, {"Authorization": "Bearer wrong" + token})[0] == 401
+            if not route.startswith("/stream"):
+                assert get(base + route, {"Authorization": f"Bearer {token}"})[0] == 200
+                assert get(base + route, {"Cookie": f"tandem_dashboard={token}"})[0] == 200
+        status, _, headers = get(f"{base}/runs?token={token}")
+        assert status == 303 and headers["location"] == "/runs"
+        assert f"tandem_dashboard={token}" in headers["set-cookie"]
+        assert "HttpOnly" in headers["set-cookie"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_loopback_refuses_foreign_host_headers(store: Path, serve) -> None:
+    base = serve(store).url("", local=True)
+    assert get(base + "/runs")[0] == 200
+    assert get(base + "/runs", {"Host": "attacker.example:80"})[0] == 403
+    assert get(base + "/api/runs", {"Host": "localhost:1"})[0] == 200
+
+
+def test_short_tokens_are_refused(store: Path) -> None:
+    from tandem.dashboard.server import DashboardServer
+
+    with pytest.raises(ValueError, match="token"):
+        DashboardServer(store, host="127.0.0.1", token="short")
