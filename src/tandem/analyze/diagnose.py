@@ -82,15 +82,31 @@ PERFORMANCE_KINDS = frozenset({
     "compute-bound"})
 
 
+# Control experiments: how a finding's claim is checked (analyze/validate.py runs them).
+NO_COMM = "no_comm"  # the same job with no gradient communication (replicas never meet)
+IN_MEMORY_DATA = "in_memory_data"  # the same job on batches already in memory
+
+
 @dataclass(frozen=True)
 class Finding:
-    """One named observation about a run, with the numbers behind it and what to try."""
+    """One named observation about a run, with the numbers behind it and what to try.
+
+    A performance finding names a cause and so predicts what removing it would gain
+    (`predicted_speedup`: step time over step time without it); `control` names the
+    experiment that removes it, and `validation` holds that experiment's outcome when it
+    was run: {"state": "confirmed" | "refuted" | "inconclusive", "predicted": x,
+    "measured": y, "interval": [lo, hi], "runs": n, ...}. A refuted finding is reported
+    as refuted, never as a bottleneck.
+    """
 
     kind: str
     severity: str
     evidence: dict[str, Any]
     message: str
     suggestions: list[str] = field(default_factory=list)
+    predicted_speedup: float | None = None
+    control: str | None = None
+    validation: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
