@@ -270,7 +270,7 @@ def compile_check(device: torch.device, work: Path, budget_s: float) -> list[Row
              "losses finite": finite(losses),
              "loss fell": len(losses) > 1 and losses[-1] < losses[0],
              "FLOPs counted on the compiled model equal eager's (MFU)": counted == eager}
-    figure = (f"probe {probe_s:.1f} s; first step {first_step:.1f} s (compile), then "
+    figure = (f"probe {probe_s:.1f} s; slowest step of window 1 {first_step:.1f} s, then "
               f"{steady * 1e3:.1f} ms/step; run {wall:.0f} s, {graphs} graphs compiled; loss "
               f"{ends(losses)}; "
               f"{_si(counted, 'FLOP')}/step counted (eager {_si(eager, 'FLOP')})")

@@ -77,16 +77,28 @@ def environment(device_type: str) -> dict[str, Any]:
     env: dict[str, Any] = {"device": device_type, "torch": torch.__version__,
                            "cuda": torch.version.cuda, "python": platform.python_version(),
                            "host": platform.node()}
-    if device_type == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        env.update(gpu=props.name, capability=f"{props.major}.{props.minor}",
-                   gpu_memory_gib=round(props.total_memory / 2**30, 1))
-        try:
-            version = torch.cuda.nccl.version()
-            env["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else (
-                str(version))
-        except Exception as err:  # noqa: BLE001 - a missing NCCL is the nccl row's business
-            env["nccl"] = f"unknown ({type(err).__name__})"
+    if device_type != "cuda":
+        return env
+    # Through NVML, not torch.cuda: this process must hold no CUDA context of its own
+    # while the checks run (a GPU in exclusive-process mode would refuse them).
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        env.update(gpu=name.decode() if isinstance(name, bytes) else name,
+                   gpu_memory_gib=round(pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 1))
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        env["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    except Exception as err:  # noqa: BLE001 - the nvml row says what is wrong with NVML
+        env["gpu"] = f"a CUDA device (NVML: {type(err).__name__})"
+    try:
+        version = torch.cuda.nccl.version()
+        env["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else (
+            str(version))
+    except Exception as err:  # noqa: BLE001 - a missing NCCL is the nccl row's business
+        env["nccl"] = f"unknown ({type(err).__name__})"
     return env
 
 
@@ -139,8 +151,9 @@ def rehearsed(r: Row) -> Row:
 
 def render(rows: list[Row], env: dict[str, Any], elapsed: float) -> str:
     """The table: check, result, figure, and what was checked (or why not)."""
+    extras = "".join(f", {key} {env[key]}" for key in ("driver", "nccl") if key in env)
     head = (f"GPU check on {env.get('gpu', 'CPU (rehearsal)')}: torch {env['torch']}, CUDA "
-            f"{env['cuda']}, python {env['python']}; {elapsed:.0f} s")
+            f"{env['cuda']}{extras}, python {env['python']}; {elapsed:.0f} s")
     lines = [[r["check"], r["status"] + (f" ({r['seconds']:.0f} s)" if "seconds" in r else ""),
               r["figure"], r["what"] + (f" -- {r['reason']}" if r["reason"] else "")]
              for r in rows]
