@@ -275,6 +275,14 @@ class RunStore:
         rows = self._conn.execute("SELECT * FROM runs ORDER BY started, run_id").fetchall()
         return [self._run_dict(r) for r in rows]
 
+    def latest_run(self) -> dict[str, Any]:
+        """The run started last; ValueError when the store holds none."""
+        row = self._conn.execute(
+            "SELECT * FROM runs ORDER BY started DESC, run_id DESC LIMIT 1").fetchone()
+        if row is None:
+            raise ValueError(f"the run store {self.path} holds no run yet")
+        return self._run_dict(row)
+
     def run(self, run_id_or_name_prefix: str) -> dict[str, Any]:
         """One run, by exact id, exact name (latest wins), or unique prefix of an id."""
         key = run_id_or_name_prefix
