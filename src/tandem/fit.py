@@ -105,7 +105,12 @@ def _usage_exit(message: str, speak: bool) -> None:
 
 def _run(task: Task, config: Config, script: bool) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
-    runtime = start(config.plan)
+    try:
+        runtime = start(config.plan)
+    except ValueError as err:  # the device or backend asked for is not here: on every rank
+        if not script:
+            raise UsageError(str(err)) from err
+        _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
     _setup_logging(runtime)
     try:
         result = _fit(task, config, runtime, name)
