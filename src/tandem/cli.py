@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -28,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list the runs in the run store")
     _store_arg(runs)
     report = sub.add_parser("report", help="summarise a run and write its HTML report")
-    report.add_argument("run", help="run id, unique id prefix, or run name (latest)")
+    report.add_argument("run", nargs="?", default=None,
+                        help="run id, unique id prefix, or run name (default: the latest run)")
     report.add_argument("--html", default=None, help="report file (default: <run>.html)")
     _store_arg(report)
     compare = sub.add_parser("compare", help="set runs side by side (table and HTML)")
@@ -62,14 +64,16 @@ def _open_store(given: str | None):  # noqa: ANN202 - RunStore, imported lazily
 
 def _list_runs(store_path: str | None, console: Console) -> None:
     with _open_store(store_path) as store:
-        table = Table(title=f"runs in {store.path}")
-        for column in ("run id", "name", "status", "world", "steps", "final loss"):
+        table = Table(title=f"runs in {store.path}, newest first")
+        table.add_column("run id", no_wrap=True, overflow="fold")
+        for column in ("started", "name", "status", "world", "steps", "final loss"):
             table.add_column(column)
-        for run in store.runs():
+        for run in reversed(store.runs()):
             summary = run.get("summary") or {}
             env = run.get("env") or {}
             loss = store.metrics(run["run_id"], name="loss", rank=-1)
-            table.add_row(run["run_id"], run["name"], run["status"],
+            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"]))
+            table.add_row(run["run_id"], started, run["name"], run["status"],
                           str(env.get("world_size", "")), str(summary.get("steps", "")),
                           f"{loss[-1]['value']:.4f}" if loss else "")
         console.print(table)
@@ -79,7 +83,7 @@ def _report(ns: argparse.Namespace, console: Console) -> None:
     from tandem.analyze.report import print_summary, write_html
 
     with _open_store(ns.store) as store:
-        run_id = store.run(ns.run)["run_id"]
+        run_id = store.run(ns.run)["run_id"] if ns.run else store.latest_run()["run_id"]
         print_summary(store, run_id, console)
         path = write_html(store, run_id, Path(ns.html or f"{run_id}.html"))
     console.print(f"report written to {path}")

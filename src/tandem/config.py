@@ -204,7 +204,8 @@ class MonitorConfig:
     timing: bool = _doc(True, "time the phases of each step (data, compute, optimizer)")
     store: str = _doc("", "SQLite run store (default: <run.dir>/tandem.db)")
     calibrate_at: int = _doc(
-        10, "after this step, measure exposed communication, FLOPs and peak once (0: never)"
+        20, "after this step (past warm-up), measure FLOPs, the device's peak and the link's "
+        "latency and bandwidth once (0: never; the link again if the step time drifts)"
     )
     progress: Literal["auto", "bar", "log", "off"] = _doc(
         "auto", "rank 0 progress: a live bar (terminals), log lines, or nothing"
@@ -216,6 +217,7 @@ class MonitorConfig:
         -1, "serve live figures to Prometheus on this port (-1 = off, 0 = a free port)"
     )
     prometheus_host: str = _doc("127.0.0.1", "address the Prometheus endpoint binds")
+    report: bool = _doc(True, "write <run dir>/report.html when the run completes")
 
 
 @dataclass(kw_only=True)

@@ -105,7 +105,12 @@ def _usage_exit(message: str, speak: bool) -> None:
 
 def _run(task: Task, config: Config, script: bool) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
-    runtime = start(config.plan)
+    try:
+        runtime = start(config.plan)
+    except ValueError as err:  # the device or backend asked for is not here: on every rank
+        if not script:
+            raise UsageError(str(err)) from err
+        _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
     _setup_logging(runtime)
     try:
         result = _fit(task, config, runtime, name)
@@ -186,6 +191,11 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
     status = "failed"
     try:
         resumed.report(reporter, runtime.restart_count)
+        plan = trainer.plan()
+        reporter.event(trainer.state.step, "segment",
+                       f"{runtime.world_size} x {runtime.device}, {plan['strategy']}, micro-batch "
+                       f"{plan['micro_batch']} x {plan['accumulation']}, {plan['precision']}",
+                       value=float(runtime.world_size))
         summary = trainer.run(reporter)
         if runtime.is_main:
             summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
@@ -203,6 +213,22 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
         raise
     finally:
         reporter.close(summary, status)
+        if runtime.is_main and status == "completed" and config.monitor.report:
+            _write_report(config, trainer.progress.run_id, run_dir)
+
+
+def _write_report(config: Config, run_id: str, run_dir: Path) -> None:
+    """The run's HTML report beside its checkpoints, and where it is (rank 0)."""
+    from tandem.analyze.report import write_html
+    from tandem.monitor.store import RunStore
+
+    try:
+        with RunStore(store_path(config)) as store:
+            path = write_html(store, run_id, run_dir / "report.html")
+    except Exception as err:  # a report must never fail the run it describes
+        log.warning("report: %s", err)
+        return
+    log.info("report: %s (or: tandem report %s)", path, run_id)
 
 
 def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResult:

@@ -148,6 +148,7 @@ def start(plan: PlanConfig) -> Runtime:
         )
     tune_host_allocator(plan.malloc_threshold_mb)
     device = _pick_device(plan, local_rank)
+    _backend(plan, device)  # a backend that cannot serve this device is refused at any size
     owns_group = False
     store = None
     if world_size > 1 and not dist.is_initialized():

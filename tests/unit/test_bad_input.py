@@ -69,6 +69,9 @@ SETTINGS = [
     (("--config", "/nonexistent/settings.toml"), "settings.toml"),
     (("--plan", "/nonexistent/plan.toml"), "plan.toml"),
     (("stray",), "unexpected argument 'stray'"),
+    (("--plan.backend", "nccl"), "plan.backend: 'nccl' needs CUDA devices"),
+    (("--plan.static_graph", "true", "--train.micro_batch", "5"),
+     "plan.static_graph: true with 4 accumulation passes"),
 ]
 
 

@@ -65,15 +65,81 @@ def test_suggestions_quote_the_current_config() -> None:
     assert found.severity == "high"  # 50% is over twice the 20% threshold
 
 
-def test_communication_bound_quotes_its_numbers() -> None:
+def _job_rows(name: str, value: float, steps: int = 300) -> list[dict[str, Any]]:
+    return [{"step": s, "rank": -1, "name": name, "value": value, "time": 0.0}
+            for s in range(10, steps + 1, 10)]
+
+
+def test_communication_bound_quotes_its_numbers_and_the_gain_it_predicts() -> None:
     shares = {"time/data": 0.02, "time/compute": 0.45, "time/comm_exposed": 0.41}
-    findings = diagnose(_metrics(shares=shares, step_s=0.029))
+    metrics = _metrics(shares=shares, step_s=0.029)
+    findings = diagnose(metrics)
     found = _only(findings, "communication-bound")
-    want = r"exposed communication is 4[01]% of step time \(0\.01\d* s of 0\.0[23]\d* s\) -> "
+    want = r"exposed communication is 4[01]% of step time \(0\.01\d* s of 0\.0[23]\d* s\)"
     assert re.search(want, found.message), found.message
+    step, comm = found.evidence["step_s"], found.evidence["phase_s"]
+    assert found.predicted_speedup == pytest.approx(step / (step - comm))
+    assert f"{step / (step - comm):.2f}x faster" in found.message
+    assert found.control == "no_comm"
     assert "plan.comm_hook" in found.message and "plan.bucket_mb" in found.message
     assert any(s.startswith("plan.bucket_mb") for s in found.suggestions)
     assert "compute-bound" not in _kinds(findings)
+
+
+def test_exposed_time_the_wire_cannot_explain_is_not_called_bandwidth() -> None:
+    shares = {"time/data": 0.02, "time/compute": 0.45, "time/comm_exposed": 0.41}
+    slow = _metrics(shares=shares, step_s=0.029) + _job_rows("time/wire_predicted", 0.0007)
+    found = _only(diagnose(slow), "communication-bound")
+    assert "0.7 ms" in found.message and "is not the wire" in found.message
+    assert not any("comm_hook" in s for s in found.suggestions)  # bytes are not the issue
+    assert found.evidence["beyond_wire_s"] == pytest.approx(found.evidence["phase_s"] - 0.0007)
+    # A wire time that explains the exposed time: bandwidth advice stands.
+    fast = _metrics(shares=shares, step_s=0.029) + _job_rows("time/wire_predicted", 0.011)
+    assert any("comm_hook" in s for s in _only(diagnose(fast), "communication-bound")
+               .suggestions)
+
+
+def test_waiting_for_peers_is_kept_apart_from_the_wire() -> None:
+    shares = {"time/data": 0.02, "time/compute": 0.55, "time/sync_wait": 0.30,
+              "time/comm_exposed": 0.02}
+    findings = diagnose(_metrics(shares=shares))
+    found = _only(findings, "waiting-for-peers")
+    assert "communication-bound" not in _kinds(findings)
+    assert found.predicted_speedup == pytest.approx(1 / (1 - found.evidence["share"]))
+    assert "not the link" in found.message
+
+
+def test_gpu_advice_only_on_a_gpu() -> None:
+    heavy = {"time/data": 0.02, "time/compute": 0.85, "time/optim": 0.05}
+    cpu = _only(diagnose(_metrics(shares=heavy), device="cpu"), "compute-bound")
+    gpu = _only(diagnose(_metrics(shares=heavy), device="cuda:0"), "compute-bound")
+    assert not any("bf16" in s for s in cpu.suggestions)
+    assert any("bf16" in s for s in gpu.suggestions)
+
+
+def test_mfu_without_a_peak_is_unknown_not_zero() -> None:
+    heavy = {"time/data": 0.02, "time/compute": 0.85, "time/optim": 0.05}
+    rows = [m for m in _metrics(shares=heavy) if m["name"] != "mfu"]
+    found = _only(diagnose(rows), "compute-bound")
+    assert "MFU unknown" in found.message and "mfu" not in found.evidence
+
+
+def test_phases_above_the_step_name_no_bottleneck() -> None:
+    broken = {"time/data": 0.5, "time/compute": 0.6, "time/optim": 0.1}
+    (found,) = diagnose(_metrics(shares=broken))
+    assert found.kind == "timings-inconsistent" and found.evidence["phase_sum"] > 1.1
+
+
+def test_the_verdict_is_never_a_refuted_finding() -> None:
+    from dataclasses import replace
+
+    from tandem.analyze.diagnose import verdict
+
+    comm = Finding("communication-bound", "high", {"share": 0.6}, "comm")
+    data = Finding("input-bound", "medium", {"share": 0.3}, "data")
+    assert verdict([comm, data]) is comm
+    refuted = replace(comm, validation={"state": "refuted"})
+    assert verdict([refuted, data]) is data
 
 
 def test_straggler_names_the_slow_rank() -> None:

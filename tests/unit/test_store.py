@@ -178,6 +178,29 @@ def test_version_1_trials_move_to_tune_trials(tmp_path: Path) -> None:
     assert trial["trial_id"] == "t1" and trial["figures"] == {"ratio": 2.0}
 
 
+def test_version_2_gets_the_covering_index_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    with RunStore(path) as store:
+        store.start_run("r", "r", {}, {}, {})
+        store.log_metrics("r", [(10, -1, "loss", 1.5, 0.0), (20, 0, "loss", 1.2, 1.0)])
+    conn = sqlite3.connect(path)  # back to how version 2 indexed the metrics
+    conn.execute("DROP INDEX metrics_cover")
+    conn.execute("CREATE INDEX metrics_run_name_step ON metrics (run_id, name, step)")
+    conn.commit()
+    conn.close()
+    _set_version(path, 2)
+    with RunStore(path) as store:
+        assert [m["value"] for m in store.metrics("r", name="loss")] == [1.5, 1.2]
+    conn = sqlite3.connect(path)
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    plan = " ".join(str(r) for r in conn.execute(
+        "EXPLAIN QUERY PLAN SELECT step, rank, value, time FROM metrics WHERE run_id='r' "
+        "AND name='loss' ORDER BY step"))
+    conn.close()
+    assert "metrics_cover" in indexes and "metrics_run_name_step" not in indexes
+    assert "COVERING INDEX metrics_cover" in plan
+
+
 def test_foreign_database_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "other.db"
     conn = sqlite3.connect(path)

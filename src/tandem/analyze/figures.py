@@ -17,7 +17,8 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("time/data", "data wait"),
     ("time/h2d", "host-to-device"),
     ("time/compute", "forward+backward"),
-    ("time/comm_exposed", "exposed comm"),
+    ("time/comm_exposed", "exposed comm (wire)"),
+    ("time/sync_wait", "waiting for peers"),
     ("time/optim", "optimizer"),
 )
 # Names the trainer writes that are not evaluation or user metrics.
@@ -140,9 +141,12 @@ def headline(run: Mapping[str, Any], metrics: Sequence[Metric]) -> dict[str, Any
     steps_all = [int(m["step"]) for m in metrics]
     loss_steps, loss = series_of(groups, "loss")
     finished = run.get("finished")
+    # The run's own wall time over its attempts (the summary's), not the calendar time
+    # from its first start to its last end, which counts the gaps between attempts.
+    wall = (run.get("summary") or {}).get("wall_time_s")
     out: dict[str, Any] = {
         "steps": max(steps_all) if steps_all else 0,
-        "duration_s": (finished - run["started"]) if finished else None,
+        "duration_s": wall if wall else ((finished - run["started"]) if finished else None),
         "final_loss": last_finite(loss),
         "best_loss": min(stats.finite(loss)) if stats.finite(loss) else None,
         "samples_per_s": steady_median(groups, "samples_per_s"),

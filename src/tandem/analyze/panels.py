@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tandem.analyze import figures, html, svg, text
-from tandem.analyze.diagnose import UNSTABLE_EVENT_KINDS, event_kind
 from tandem.analyze.figures import PHASES, Metric
+from tandem.analyze.find_health import UNSTABLE_EVENT_KINDS, event_kind
 
 Groups = Mapping[str, Sequence[Metric]]
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from tandem.analyze import figures, html, panels, text
 from tandem.analyze.compare import compare, compare_table
-from tandem.analyze.diagnose import Finding, diagnose
+from tandem.analyze.diagnose import Finding, diagnose, verdict
 from tandem.monitor.store import RunStore
 
 __all__ = ["compare", "compare_table", "print_summary", "render_html", "write_html"]
@@ -28,14 +28,15 @@ def _load(store: RunStore, run_id: str) -> tuple[dict[str, Any], list[dict[str, 
     run = store.run(run_id)
     metrics = store.metrics(run["run_id"])
     events = store.events(run["run_id"])
-    return run, metrics, events, diagnose(metrics, events, config=run["config"])
+    device = (run.get("env") or {}).get("device")
+    return run, metrics, events, diagnose(metrics, events, config=run["config"], device=device)
 
 
 def _kpi_items(run: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[str, str]]:
     duration = head["duration_s"]
     if duration is None:
         duration = time.time() - run["started"]
-    items = [("steps", f"{head['steps']:,}"), ("duration", text.seconds(duration)),
+    items = [("steps", f"{head['steps']:,}"), ("wall time", text.seconds(duration)),
              ("final loss", text.number(head["final_loss"]))]
     evals = [k for k in head if k not in figures.HEADLINE_KEYS]
     items += [(name, text.number(head[name])) for name in evals[:3]]
@@ -56,19 +57,42 @@ def _suggestion(s: str) -> str:
     return f"<li><code>{escape(m.group(1))}</code>{escape(m.group(2))}</li>"
 
 
+def validation_text(f: Finding) -> str:
+    """What the finding's control experiment said, or how to run it."""
+    v = f.validation
+    if v is None:
+        if f.predicted_speedup is None:
+            return ""
+        if f.control is None:
+            return (f"predicts {f.predicted_speedup:.2f}x if removed; no control experiment "
+                    "exists for this cause")
+        return (f"predicts {f.predicted_speedup:.2f}x if removed; not validated "
+                "(tandem report RUN --validate runs its control experiment)")
+    low, high = (v.get("interval") or [None, None])[:2]
+    spread = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    return (f"{v['state']}: predicted {v['predicted']:.2f}x, the control measured "
+            f"{v['measured']:.2f}x{spread} over {v.get('runs', '?')} runs")
+
+
 def findings_html(findings: Sequence[Finding]) -> str:
-    """The diagnosis as cards, most severe first."""
+    """The diagnosis as cards, most severe first; a refuted one says so in its title."""
     if not findings:
         return '<p class="empty">no timing figures recorded: nothing to diagnose</p>'
     out = []
     for f in findings:
         tips = "".join(_suggestion(s) for s in f.suggestions)
-        out.append(f'<div class="finding {escape(f.severity)}"><h3>{escape(f.kind)}'
+        state = (f.validation or {}).get("state")
+        title = f"{f.kind} (refuted)" if state == "refuted" else f.kind
+        check = validation_text(f)
+        out.append(f'<div class="finding {escape(f.severity)}"><h3>{escape(title)}'
                    f"<small>{escape(f.severity)}</small></h3><div>{escape(f.message)}</div>"
+                   + (f'<div class="check">{escape(check)}</div>' if check else "")
                    + (f"<ul>{tips}</ul>" if tips else "") + "</div>")
     return "".join(out) + html.data_block("data-findings", {"findings": [
         {"kind": f.kind, "severity": f.severity, "evidence": f.evidence,
-         "message": f.message, "suggestions": f.suggestions} for f in findings]})
+         "message": f.message, "suggestions": f.suggestions,
+         "predicted_speedup": f.predicted_speedup, "control": f.control,
+         "validation": f.validation} for f in findings]})
 
 
 def _header(run: Mapping[str, Any], findings: Sequence[Finding]) -> str:
@@ -80,13 +104,29 @@ def _header(run: Mapping[str, Any], findings: Sequence[Finding]) -> str:
             f"host {env.get('host', '?')}", f"torch {env.get('torch', '?')}"]
     if commit:
         bits.append(f"commit {str(commit)[:10]}")
-    lead = findings[0] if findings else None
+    lead = verdict(findings)
     verdict_html = "" if lead is None else (
         f'<div class="verdict {escape(lead.severity)}"><b>verdict: {escape(lead.kind)}</b> '
         f"{escape(lead.message)}</div>")
     return (f"<header><h1>{escape(str(run['name']))}<span class=\"badge s-{escape(status)}\">"
             f"{escape(status)}</span></h1><div class=\"sub\">{escape(' · '.join(bits))}</div>"
             f"{verdict_html}</header>")
+
+
+def segments(events: Sequence[Mapping[str, Any]]) -> list[list[str]]:
+    """One row per attempt of the run (its start step, processes, plan)."""
+    return [[str(e["step"]), str(int(e["value"])) if e.get("value") is not None else "?",
+             str(e["message"]), text.when(e["time"])]
+            for e in events if e["kind"] == "segment"]
+
+
+def segments_html(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The segments of a resumed run (nothing for a run of one attempt)."""
+    rows = segments(events)
+    if len(rows) < 2:
+        return []
+    return ["<h2>Segments</h2>", html.list_table(["from step", "processes", "plan", "started"],
+                                                  rows, numeric=[True, True, False, False])]
 
 
 def _events_table(events: Sequence[Mapping[str, Any]]) -> str:
@@ -138,6 +178,7 @@ def render_html(store: RunStore, run_id: str) -> str:
         "<h2>Curves</h2>",
         f'<div class="grid">{"".join(charts)}</div>' if charts
         else '<p class="empty">no metrics recorded</p>',
+        *segments_html(events),
         "<h2>Events</h2>", _events_table(events),
     ] if metrics or not trials else []
     body = [
@@ -170,7 +211,7 @@ def write_html(store: RunStore, run_id: str, path: Path) -> Path:
 
 def print_summary(store: RunStore, run_id: str, console: Console) -> None:
     """The run's key numbers, step-time shares and diagnosis, for the terminal."""
-    run, metrics, _, findings = _load(store, run_id)
+    run, metrics, events, findings = _load(store, run_id)
     head = figures.headline(run, metrics)
     groups = figures.by_name(metrics)
     table = Table(title=f"tandem run {run['name']} ({run['run_id']}) · {run['status']}",
@@ -196,8 +237,16 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
         console.print(decisions)
     if not findings:
         console.print("[dim]no timing figures recorded: nothing to diagnose[/dim]")
+    rows = segments(events)
+    if len(rows) > 1:
+        console.print("segments: " + "; ".join(f"from step {r[0]}: {r[2]}" for r in rows),
+                      highlight=False)
     for f in findings:
-        console.print(f"[{SEVERITY_STYLE.get(f.severity, 'bold')}]{f.kind}[/] ({f.severity}): "
-                      f"{f.message}", highlight=False)
+        refuted = (f.validation or {}).get("state") == "refuted"
+        console.print(f"[{SEVERITY_STYLE.get(f.severity, 'bold')}]{f.kind}[/]"
+                      f"{' (refuted)' if refuted else ''} ({f.severity}): {f.message}",
+                      highlight=False)
+        if check := validation_text(f):
+            console.print(f"    {check}", highlight=False)
         for s in f.suggestions:
             console.print(f"    - {s}", highlight=False)

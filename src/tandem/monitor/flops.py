@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-# Dense peak FLOP/s per device from vendor data sheets, by (name fragment, dtype).
-_GPU_PEAKS: dict[tuple[str, str], float] = {
-    ("H200", "bf16"): 989e12, ("H200", "fp16"): 989e12, ("H200", "fp32"): 67e12,
-    ("H100", "bf16"): 989e12, ("H100", "fp16"): 989e12, ("H100", "fp32"): 67e12,
-    ("A100", "bf16"): 312e12, ("A100", "fp16"): 312e12, ("A100", "fp32"): 19.5e12,
-    ("L4", "bf16"): 121e12, ("L4", "fp16"): 121e12, ("L4", "fp32"): 30e12,
-}
+# Dense peak FLOP/s per device from vendor data sheets: (name pattern, the device's
+# bf16/fp16 tensor peak, fp32 without TF32, fp32 matmuls in TF32). The patterns are tried
+# in order and match whole words: the more specific card first (H100 PCIe before H100,
+# L40S before L40 before L4).
+_GPU_PEAKS: tuple[tuple[str, float, float, float], ...] = (
+    (r"H200 NVL", 836e12, 60e12, 418e12),
+    (r"H200", 989e12, 67e12, 494e12),
+    (r"H100 (PCIe|NVL)", 756e12, 51e12, 378e12),
+    (r"H100", 989e12, 67e12, 494e12),
+    (r"A100", 312e12, 19.5e12, 156e12),
+    (r"L40S", 362e12, 91.6e12, 183e12),
+    (r"L40", 181e12, 90.5e12, 90.5e12),
+    (r"L4", 121e12, 30.3e12, 60e12),
+)
 
 
 def count_flops(run: Callable[[], None]) -> int:
@@ -29,9 +37,12 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
     """(peak FLOP/s, how it was obtained): a data-sheet figure or a measured matmul rate."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for (fragment, dtype), peak in _GPU_PEAKS.items():
-            if fragment in name and dtype == precision:
-                return peak, f"data sheet ({name}, {precision})"
+        tf32 = torch.backends.cuda.matmul.allow_tf32
+        for pattern, half, fp32, tf32_peak in _GPU_PEAKS:
+            if re.search(rf"\b{pattern}\b", name):
+                peak = half if precision in ("bf16", "fp16") else (tf32_peak if tf32 else fp32)
+                kind = precision if precision != "fp32" else ("tf32" if tf32 else "fp32")
+                return peak, f"data sheet ({name}, {kind})"
     return measure_matmul(device, precision), f"measured matmul ({device.type}, {precision})"
 
 

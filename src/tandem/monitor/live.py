@@ -26,7 +26,7 @@ from tandem.monitor.window import Row, gather, rank_rows
 
 UPDATE_SAMPLE_BYTES = 32 * 2**20  # most weight bytes copied to measure the update ratio
 _FIXED = ("loss_sum", "steps", "busy", "samples", "update_sq", "weight_sq", "small_grad_sq",
-          "big_grad_sq", "b_small", "b_big", *PHASES, "rss")
+          "big_grad_sq", "b_small", "b_big", *PHASES, "rss", "cuda_peak", "cuda_total")
 
 
 @dataclass
@@ -142,7 +142,7 @@ class LiveMonitor:
         phases = self.clock.collect()
         fixed = [0.0, float(n), busy, float(self._samples), math.nan, math.nan, math.nan,
                  math.nan, 0.0, 0.0, *(phases[p] for p in PHASES),
-                 float(self._process.memory_info().rss)]
+                 float(self._process.memory_info().rss), *self._cuda_memory()]
         head = torch.tensor(fixed, dtype=torch.float64, device=self.device)
         head[0] = losses[:n].sum()
         if self._update is not None:
@@ -171,6 +171,14 @@ class LiveMonitor:
         window.rows += [(step, -1, "time/step_p50", ordered[len(ordered) // 2]),
                         (step, -1, "time/step_max", ordered[-1])]
         return window
+
+    def _cuda_memory(self) -> tuple[float, float]:
+        """(peak bytes allocated since the last window, the device's bytes); 0s off CUDA."""
+        if self.device.type != "cuda":
+            return 0.0, 0.0
+        peak = float(torch.cuda.max_memory_allocated(self.device))
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak, float(torch.cuda.get_device_properties(self.device).total_memory)
 
     def _derive(self, step: int, table: torch.Tensor, extra: dict[str, float]) -> Window:
         k = len(_FIXED)
@@ -241,7 +249,11 @@ class LiveMonitor:
                          [bw / steps for bw in fixed["backward"]], fixed["rss"])
         for r in ranks:
             rows.append((step, r, "time/compute",
-                         (fixed["forward"][r] + fixed["backward"][r]) / steps))
+                         (fixed["forward"][r] + fixed["backward"][r]
+                          - fixed["comm_tail"][r]) / steps))
+            if fixed["cuda_total"][r] > 0:
+                rows += [(step, r, "mem/cuda_peak_bytes", fixed["cuda_peak"][r]),
+                         (step, r, "mem/cuda_total_bytes", fixed["cuda_total"][r])]
             rows += [(step, r, f"time/{p}", fixed[p][r] / steps) for p in PHASES]
         return rows
 

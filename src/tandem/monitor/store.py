@@ -27,7 +27,7 @@ log = logging.getLogger("tandem")
 STORE_ENV = "TANDEM_STORE"  # where runs are recorded when nothing else says
 STORE_FILE = "tandem.db"
 DEFAULT_RUN_DIR = "runs"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
 # Seconds a connection waits for a lock held by another writer before it gives up.
 BUSY_TIMEOUT_S = 30.0
@@ -44,7 +44,7 @@ CREATE INDEX IF NOT EXISTS runs_name ON runs (name, started);
 CREATE TABLE IF NOT EXISTS metrics (
     run_id TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, name TEXT NOT NULL,
     value REAL, time REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS metrics_run_name_step ON metrics (run_id, name, step);
+CREATE INDEX IF NOT EXISTS metrics_cover ON metrics (run_id, name, step, rank, value, time);
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, kind TEXT NOT NULL,
     message TEXT NOT NULL, value REAL, threshold REAL, time REAL NOT NULL);
@@ -65,9 +65,19 @@ def _rename_trials(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE trials RENAME TO tune_trials")
 
 
+def _covering_index(conn: sqlite3.Connection) -> None:
+    """Version 2 -> 3: a run's series are read from one index alone (run, name, step and
+    the values), not by a lookup of every row in the table: a run of 200k rows reads in a
+    fraction of the time."""
+    conn.execute("CREATE INDEX IF NOT EXISTS metrics_cover ON metrics "
+                 "(run_id, name, step, rank, value, time)")
+    conn.execute("DROP INDEX IF EXISTS metrics_run_name_step")
+
+
 # version v -> the function that upgrades a v store to v + 1, inside one transaction.
 # A store older than the oldest key is refused.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _rename_trials}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _rename_trials,
+                                                               2: _covering_index}
 
 
 def store_location(explicit: str | Path | None = None,
@@ -274,6 +284,14 @@ class RunStore:
         """Every run, oldest first."""
         rows = self._conn.execute("SELECT * FROM runs ORDER BY started, run_id").fetchall()
         return [self._run_dict(r) for r in rows]
+
+    def latest_run(self) -> dict[str, Any]:
+        """The run started last; ValueError when the store holds none."""
+        row = self._conn.execute(
+            "SELECT * FROM runs ORDER BY started DESC, run_id DESC LIMIT 1").fetchone()
+        if row is None:
+            raise ValueError(f"the run store {self.path} holds no run yet")
+        return self._run_dict(row)
 
     def run(self, run_id_or_name_prefix: str) -> dict[str, Any]:
         """One run, by exact id, exact name (latest wins), or unique prefix of an id."""

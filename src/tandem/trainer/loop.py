@@ -102,6 +102,11 @@ class Trainer:
         self.micro, self.accum = split_batch(train.global_batch, train.micro_batch,
                                              self.layout.dp_size)
         self.ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
+        if self.config.plan.static_graph and (self.accum > 1 or self.ramp):
+            raise ValueError(
+                f"plan.static_graph: true with {self.accum} accumulation passes a step (or "
+                "a batch ramp) fails inside DDP's reducer, which expects every parameter "
+                "once per step; keep one: static_graph false, or train.micro_batch 0")
         for _, size in self.ramp:
             if size % (self.micro * self.layout.dp_size):
                 raise ValueError(
@@ -312,6 +317,8 @@ class Trainer:
         while self.state.step < cfg.train.steps:
             self._one_step(batches, window, reporter, sampler.dataset_len, clock)
             window.pause()  # logging, evaluation and checkpoints are not training time
+            if self.state.step == cfg.monitor.calibrate_at:
+                self.calibration.run(self.steps.last_batch, self.accum, reporter)
             if self.state.step % cfg.monitor.log_every == 0 or self.state.step == cfg.train.steps:
                 self._log_window(window, reporter, clock)
             else:
@@ -346,8 +353,6 @@ class Trainer:
         self.monitor.step(loss, norm, time.perf_counter() - started, size)
         self.progress.cursor.take(size, dataset_len)
         self.progress.samples += size
-        if state.step == cfg.monitor.calibrate_at:
-            self.calibration.run(self.steps.last_batch, self.accum, reporter)
         if skipped:
             reason = f"non-finite gradient norm ({norm.item()}) at step {state.step - 1}"
             if cfg.fault.nonfinite == "raise":

@@ -111,6 +111,9 @@ def check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None:
     """Forward, loss and every metric on one batch, without gradients: each must give one
     number. Module buffers (normalisation statistics) are put back afterwards."""
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    # A compiled module (plan.compile) would compile a separate no-grad graph for this one
+    # call: run its eager forward instead (`nn.Module.compile` keeps it beside).
+    compiled, model._compiled_call_impl = getattr(model, "_compiled_call_impl", None), None
     try:
         with torch.no_grad(), autocast():
             outputs = _call("the model's forward on a training batch",
@@ -121,6 +124,7 @@ def check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None:
                 what = f"Task.metrics[{name!r}]"
                 _scalar(_call(what, lambda fn=fn: fn(outputs, batch)), what)
     finally:
+        model._compiled_call_impl = compiled
         with torch.no_grad():
             for name, value_ in model.named_buffers():
                 value_.copy_(buffers[name])

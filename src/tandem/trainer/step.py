@@ -101,7 +101,8 @@ class StepRunner:
         clock.end()
         self.fault("optim")
         local_sq = strategy.take_local_grad_sq() if probe else None
-        scale = precision.loss_scale  # fp16: the probe saw gradients at this scale
+        # fp16: the probe saw gradients at this scale (read only then: it syncs the device)
+        scale = precision.loss_scale if local_sq is not None else 1.0
         norm, skip = self._update(step)
         if local_sq is not None and not skip:
             p.monitor.gradient_sizes(local_sq / scale**2, norm.detach().double() ** 2,
