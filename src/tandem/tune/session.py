@@ -29,6 +29,7 @@ the placebo's spread.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -206,7 +207,7 @@ class Tuner:
         self.measured = measured_from(metrics, run.get("summary") or {}, config,
                                       outcome.windows, self.runner.nproc,
                                       int(ran.get("monitor.log_every") or 1),
-                                      {**self.runner.env})
+                                      {**os.environ, **self.runner.env})
         kinds = space_kinds()
         self.findings = [f for f in findings if f.kind in kinds]
         if outcome is self.a0:
