@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tandem.monitor.store import store_location
 from tandem.tune import space
-from tandem.tune.session import Record
+from tandem.tune.outcome import Record
 from tandem.tune.trial import TrialRunner, strip_flags
 
 STATUS_STYLE = {"adopted": "bold green", "rejected": "bold red", "failed": "red",

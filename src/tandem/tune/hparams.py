@@ -47,7 +47,7 @@ from tandem.tune import planfile
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.common import decision_table, parse_duration, runner_from
-from tandem.tune.session import Record, TuneResult, session_id
+from tandem.tune.outcome import Record, TuneResult, session_id
 from tandem.tune.space import flatten, known_keys
 from tandem.tune.trial import RunOutcome, TrialRunner
 
@@ -229,6 +229,38 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=eval_every))
     global_batch = int(config["train"]["global_batch"])
 
+    objective = _objective(runner, session, record, global_batch, steps, log_every,
+                           eval_every, target, base_value)
+
+    def stop_when_spent(study: Any, trial: Any) -> None:
+        if time.monotonic() - started + max(base.wall_s, 1.0) > budget:
+            study.stop()
+
+    study.optimize(objective, n_trials=ns.n_trials, callbacks=[stop_when_spent],
+                   catch=(Exception,))
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = min(done, key=lambda t: t.value) if done else None
+    changes, evidence, speedup = _choose(ns, runner, session, record, records, base,
+                                         best, flatten(config), eval_every,
+                                         lambda runs: time.monotonic() - started + runs
+                                         * max(base.wall_s, 1.0) <= budget)
+    result = TuneResult(session_id=session, changes=changes, records=records,
+                        trials=len(study.trials), wall_s=time.monotonic() - started,
+                        speedup=speedup, findings=[], baseline=None, evidence=evidence)
+    _finish(runner, session, "completed", {"chosen": changes, "trials": len(study.trials),
+                                          "wall_s": result.wall_s,
+                                          "best_objective_s": best.value if best else None,
+                                          "baseline_objective_s": base_value,
+                                          "evidence": evidence})
+    return result
+
+
+def _objective(runner: TrialRunner, session: str, record: Any, global_batch: int, steps: int,
+               log_every: int, eval_every: int, target: tuple[str, str, float],
+               base_value: float) -> Any:
+    """Optuna's objective: one pruned trial run, recorded; its time to target."""
+    import optuna
+
     def objective(trial: Any) -> float:
         changes = space(trial, global_batch, steps, runner.nproc)
         tid = f"{trial.number + 1:02d}"
@@ -253,43 +285,31 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
                + f"; baseline {base_value:.2f} s")
         return value
 
-    def stop_when_spent(study: Any, trial: Any) -> None:
-        if time.monotonic() - started + max(base.wall_s, 1.0) > budget:
-            study.stop()
+    return objective
 
-    study.optimize(objective, n_trials=ns.n_trials, callbacks=[stop_when_spent],
-                   catch=(Exception,))
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    best = min(done, key=lambda t: t.value) if done else None
-    changes: dict[str, Any] = {}
-    evidence: dict[str, str] = {}
-    if best is not None and best.value < base_value * (1 - ns.min_gain):
-        current = flatten(config)
-        wanted = {k: v for k, v in best.user_attrs["changes"].items() if current.get(k) != v}
-        adopt, figures = confirm(
-            runner, session, base, best.user_attrs["changes"], steps, log_every, eval_every,
-            ns.min_gain, ns.max_pairs,
-            lambda runs: time.monotonic() - started + runs * max(base.wall_s, 1.0) <= budget)
-        ev = evidence_text(figures)
-        label = f"confirm trial {best.number + 1:02d}"
-        record(f"{len(records):02d}", label, "adopted" if adopt else "not-significant",
-               wanted, {**figures, "kind": "confirm"},
-               f"time to target in paired runs: {ev}"
-               + ("" if adopt else f" ({figures['verdict']})"))
-        if adopt:
-            changes = wanted
-            why = (f"hparams trial {best.number + 1:02d}: time to target {best.value:.2f} s vs "
-                   f"{base_value:.2f} s for the current settings; confirmed: {ev}")
-            evidence = dict.fromkeys(changes, why)
-    result = TuneResult(session_id=session, changes=changes, records=records,
-                        trials=len(study.trials), wall_s=time.monotonic() - started,
-                        speedup=None, findings=[], baseline=None, evidence=evidence)
-    _finish(runner, session, "completed", {"chosen": changes, "trials": len(study.trials),
-                                          "wall_s": result.wall_s,
-                                          "best_objective_s": best.value if best else None,
-                                          "baseline_objective_s": base_value,
-                                          "evidence": evidence})
-    return result
+
+def _choose(ns: argparse.Namespace, runner: TrialRunner, session: str, record: Any,
+            records: list[Record], base: RunOutcome, best: Any, current: dict[str, Any],
+            eval_every: int, budget_left: Any
+            ) -> tuple[dict[str, Any], dict[str, str], tstats.Interval | None]:
+    """The best trial's changes, confirmed in paired runs: (changes, evidence, speed-up);
+    nothing when one run each shows no gain of 1 + min_gain or the pairs do not confirm."""
+    base_value, _ = objective_of(base.summary)
+    if best is None or best.value >= base_value * (1 - ns.min_gain):
+        return {}, {}, None
+    wanted = {k: v for k, v in best.user_attrs["changes"].items() if current.get(k) != v}
+    adopt, figures = confirm(runner, session, base, best.user_attrs["changes"], ns.steps,
+                             ns.log_every, eval_every, ns.min_gain, ns.max_pairs, budget_left)
+    ev = evidence_text(figures)
+    record(f"{len(records):02d}", f"confirm trial {best.number + 1:02d}",
+           "adopted" if adopt else "not-significant", wanted, {**figures, "kind": "confirm"},
+           f"time to target in paired runs: {ev}"
+           + ("" if adopt else f" ({figures['verdict']})"))
+    if not adopt:
+        return {}, {}, None
+    why = (f"hparams trial {best.number + 1:02d}: time to target {best.value:.2f} s vs "
+           f"{base_value:.2f} s for the current settings; confirmed: {ev}")
+    return wanted, dict.fromkeys(wanted, why), tstats.Interval(**figures["ratio"])
 
 
 def _finish(runner: TrialRunner, session: str, status: str, summary: dict) -> None:

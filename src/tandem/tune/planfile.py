@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config import _toml_value
-from tandem.tune.session import TuneResult
+from tandem.tune.outcome import TuneResult
 
 
 def render(result: TuneResult, script: str, nproc: int, store: str, min_gain: float) -> str:

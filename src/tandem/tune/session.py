@@ -32,7 +32,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,61 +41,12 @@ from tandem.tune import controls, guard, sizing, space
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.measure import Measured, measured_from
+from tandem.tune.outcome import Record, Settings, TuneResult, session_id
 from tandem.tune.space import Candidate
 from tandem.tune.trial import RunOutcome, TrialRunner
 
 log = logging.getLogger("tandem")
-
-
-@dataclass
-class Settings:
-    """How hard the tuner looks."""
-
-    budget_s: float = 600.0
-    max_trials: int = 10  # controls and candidates
-    steps: int = 60  # steps of each trial run
-    log_every: int = 5  # steps per logging window at most
-    min_gain: float = tstats.MIN_GAIN
-    confidence: float = tstats.CONFIDENCE
-    guard_steps: int = 0
-    placebo_pairs: int = 3
-    max_pairs: int = tstats.MAX_PAIRS
-    control_pairs: int = 3
-
-
-@dataclass
-class Record:
-    """One line of the decision record."""
-
-    trial_id: str
-    label: str
-    kind: str  # baseline, placebo, control, candidate, confirm
-    status: str  # measured, bound, skipped, stopped-early, not-significant, rejected,
-    #              adopted, failed, invalid
-    changes: dict[str, Any]
-    figures: dict[str, Any]
-    decision: str
-
-
-@dataclass
-class TuneResult:
-    """What a tune session found."""
-
-    session_id: str
-    changes: dict[str, Any]  # the chosen plan over the original one ({} = keep it)
-    records: list[Record]
-    trials: int
-    wall_s: float
-    speedup: tstats.Interval | None
-    findings: list[Finding]
-    baseline: tstats.Interval | None  # the original plan's samples/s over its runs
-    evidence: dict[str, str] = field(default_factory=dict)  # key -> why
-    noise: dict[str, Any] | None = None  # the placebo and pooled noise at the end
-
-
-def session_id(script: str) -> str:
-    """'tune-train-20240601-120000'."""
-    return f"tune-{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+__all__ = ["Record", "Settings", "TuneResult", "Tuner", "session_id"]
 
 
 class Tuner:
