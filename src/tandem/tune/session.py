@@ -241,8 +241,10 @@ class Tuner:
                          f"{family} changes are tried without it")
             return True
         self.trials += 1
+        pairs = next(k for k in range(max(self.s.control_pairs, 2), 1, -1)
+                     if k == 2 or self._can_afford(2 * k))
         result = controls.validate(
-            self.runner, finding, pairs=self.s.control_pairs, reference=self.incumbent,
+            self.runner, finding, pairs=pairs, reference=self.incumbent,
             job=self.job, bench=self.bench, placebo_pairs=self.s.placebo_pairs,
             min_gain=self.s.min_gain)
         self.validations[family] = result
