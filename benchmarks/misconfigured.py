@@ -59,16 +59,16 @@ JOBS: dict[str, Job] = {
     "accumulation": Job("micro-batch 4 under a global batch of 128 on 2 processes: 16 "
                         "accumulation passes a step with memory to spare",
                         ["--train.global_batch", "128", "--train.micro_batch", "4"]),
-    "loader": Job("0.5 ms to load a sample, no loader workers",
+    "loader": Job("2 ms to load a sample (waiting on storage), no loader workers",
                   ["--train.global_batch", "64", "--data.workers", "0"],
-                  {"MC_LOAD_MS": "0.5"}),
+                  {"MC_LOAD_MS": "2"}),
     "eval-cadence": Job("evaluates 2048 samples every 2 steps",
                         ["--train.global_batch", "64", "--train.eval_every", "2"],
                         {"MC_EVAL_N": "2048"}),
-    "bucket": Job("96 layers of 192 (14 MB of gradient) in 0.02 MiB DDP buckets: one "
+    "bucket": Job("192 layers of 128 (12.6 MB of gradient) in 0.02 MiB DDP buckets: one "
                   "all-reduce per layer",
                   ["--train.global_batch", "64", "--plan.bucket_mb", "0.02"],
-                  {"MC_WIDTH": "192", "MC_DEPTH": "96"}),
+                  {"MC_WIDTH": "128", "MC_DEPTH": "192"}),
     "threads": Job("4 threads per process, 2 processes, 2 cores",
                    ["--train.global_batch", "128"], {"OMP_NUM_THREADS": "4",
                                                      "MC_WIDTH": "1024"}),
@@ -206,7 +206,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default=",".join(n for n, j in JOBS.items() if not j.well))
     parser.add_argument("--well-sessions", type=int, default=10)
-    parser.add_argument("--budget", default="15m", help="per mis-configured session")
+    parser.add_argument("--budget", default="25m", help="per mis-configured session")
     parser.add_argument("--well-budget", default="8m", help="per well-configured session")
     parser.add_argument("--max-trials", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)

@@ -17,8 +17,11 @@ from tandem.tune.trial import TrialRunner
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "dist" / "scripts" / "tune_task.py")
+# Short sessions: 2 placebo pairs, at most 3 pairs a candidate. Effects in these jobs are
+# large (4x and more) so that a decision is reached even when the machine is loaded and
+# two runs of one plan differ by a third.
 FAST = ["--steps", "24", "--log-every", "3", "--trial-timeout", "240", "--placebo-pairs", "2",
-        "--max-pairs", "2"]
+        "--max-pairs", "3"]
 
 
 def _tune(cwd: Path, *args: str, sleep_ms: str = "2", timeout: float = 400
@@ -42,19 +45,20 @@ def _session(cwd: Path) -> tuple[dict, list[dict]]:
 
 @pytest.mark.timeout(900)
 def test_tune_fixes_a_misconfigured_job(tmp_path: Path) -> None:
-    """Micro-batch 1 under a global batch of 32 on 2 processes: 16 accumulation passes a
+    """Micro-batch 2 under a global batch of 128 on 2 processes: 32 accumulation passes a
     step that memory does not require. The tuner must raise the micro-batch from its
     measurements (never halve it), prove the gain in paired runs beyond its own placebo,
     and say so in the plan file, the store and the report."""
     out = _tune(tmp_path, "--nproc-per-node", "2", "--max-trials", "1", "--budget", "12m",
-                *FAST, SCRIPT, "--train.micro_batch", "1", sleep_ms="0", timeout=880)
+                *FAST, SCRIPT, "--train.global_batch", "128", "--train.micro_batch", "2",
+                sleep_ms="0", timeout=880)
     text = (tmp_path / "plan.toml").read_text()
     plan = tomllib.loads(text)
-    assert plan == {"train": {"micro_batch": 16}}, out.stdout  # only the changed key
+    assert plan == {"train": {"micro_batch": 64}}, out.stdout  # only the changed key
     assert "accumulation passes" in text and "noise: the current plan against itself" in text
     # the plan is what tandem run --plan and tandem.fit layer over the script's defaults
-    assert load(defaults={"train.micro_batch": 1},
-                plan=tmp_path / "plan.toml").train.micro_batch == 16
+    assert load(defaults={"train.micro_batch": 2},
+                plan=tmp_path / "plan.toml").train.micro_batch == 64
     session, trials = _session(tmp_path)
     kinds = [(t["figures"]["kind"], t["status"]) for t in trials]
     assert kinds[:2] == [("baseline", "measured"), ("placebo", "measured")], kinds
@@ -95,13 +99,14 @@ def test_tune_keeps_a_well_configured_plan(tmp_path: Path) -> None:
     assert null["figures"]["ratio"]["low"] <= null["figures"]["noise"]["floor"]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_guardrail_rejects_a_faster_but_diverging_candidate(tmp_path: Path) -> None:
-    """More loader workers make it faster; a 32x learning rate (linear scaling against a
-    reference batch of 1) makes it diverge. The guardrail must reject it."""
-    _tune(tmp_path, "--nproc-per-node", "1", "--max-trials", "1", "--budget", "8m",
-          "--try", "data.workers=2,optim.lr_scaling=linear,optim.reference_batch=1", *FAST,
-          SCRIPT, timeout=580)
+    """Loader workers make it faster (4 ms per sample, 4 workers); a 32x learning rate
+    (linear scaling against a reference batch of 1) makes it diverge. The guardrail must
+    reject it."""
+    _tune(tmp_path, "--nproc-per-node", "1", "--max-trials", "1", "--budget", "10m",
+          "--try", "data.workers=4,optim.lr_scaling=linear,optim.reference_batch=1", *FAST,
+          SCRIPT, sleep_ms="4", timeout=880)
     session, trials = _session(tmp_path)
     tried = next(t for t in trials if t["figures"].get("kind") == "candidate")
     assert tried["status"] == "rejected", tried

@@ -84,8 +84,8 @@ def test_data_workers_hide_the_measured_loading_time() -> None:
     # 32 ms of loading behind 10 ms of the rest: ceil(3.2) + 1 = 5 workers; 3 free cores
     assert [c.changes for c in cands] == [{"data.workers": 5}, {"data.workers": 3}]
     assert cands[0].predicted == pytest.approx(4.2)
-    small = _m(step_s=0.042, data_s=0.032, cpus=2)  # at most 2 per core / 2 ranks = 2
-    assert [c.changes for c in sizing.data_workers(small)] == [{"data.workers": 2},
+    small = _m(step_s=0.042, data_s=0.032, cpus=2)  # at most 4 per core / 2 ranks = 4
+    assert [c.changes for c in sizing.data_workers(small)] == [{"data.workers": 4},
                                                                {"data.workers": 1}]
     assert sizing.data_workers(_m(step_s=0.1, data_s=0.005)) == []
 

@@ -17,8 +17,8 @@ cadence        an evaluation, checkpoint or logging cost over CADENCE_SHARE of t
                CADENCE_TARGET.
 data           data wait over DATA_SHARE of the step: the workers that hide the measured
                loading time behind the rest of the step (ceil(load / rest) + 1, at most
-               MAX_WORKERS_PER_CORE per core) and, when more than the free cores allow,
-               also the free cores' worth.
+               MAX_WORKERS_PER_CORE per core: loaders often wait on storage) and, when more
+               than the free cores allow, also the free cores' worth.
 bucket         DDP with more than one bucket whose buckets are latency-bound (smaller than
                BUCKET_LATENCY_MULTIPLE x latency x bandwidth bytes) and whose latency
                saving is over min_gain of the step: BUCKET_TARGET_MULTIPLE x latency x
@@ -44,7 +44,7 @@ MEMORY_HEADROOM = 0.2
 CADENCE_SHARE = 0.05
 CADENCE_TARGET = 0.01
 DATA_SHARE = 0.10
-MAX_WORKERS_PER_CORE = 2
+MAX_WORKERS_PER_CORE = 4  # loaders that wait on storage, not on a core
 BUCKET_LATENCY_MULTIPLE = 2.0
 BUCKET_TARGET_MULTIPLE = 8.0
 MIB = 2.0 ** 20
