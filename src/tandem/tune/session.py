@@ -14,7 +14,8 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    skipped. Each candidate is an arm against the current plan, in pairs of runs with
    alternating order; after each pair it wins (lower bound over the floor, at least
    MIN_PAIRS pairs), stops (upper bound under the floor) or gets another pair, up to
-   max_pairs. A lossy winner must also pass the convergence guardrail (`guard.py`). A
+   max_pairs. A lossy candidate must also pass the convergence guardrail (`guard.py`),
+   checked on its first pair: one that trains worse is rejected there. A
    winner becomes the plan later arms are measured against; its last run is measured
    and diagnosed again, and its proposals join the queue.
 5. **The claim**: one adoption's interval is against the original plan already; after
@@ -277,7 +278,7 @@ class Tuner:
             return False
         self.trials += 1
         arm = self.bench.add(Arm(cand.label, "candidate", changes, dict(self.incumbent)))
-        verdict, error = "more", ""
+        verdict, error, guard_verdict = "more", "", None
         while verdict == "more":
             if not self._can_afford(2):
                 verdict = "budget"
@@ -285,13 +286,27 @@ class Tuner:
             error = self.bench.pair(arm)
             if error:
                 break
+            if cand.lossy and guard_verdict is None:
+                # Its first pair already tells whether it trains as well: a change that
+                # diverges is rejected before any more runs are spent on its speed.
+                guard_verdict = self._guard(arm, changes)
+                if not guard_verdict.ok:
+                    verdict = "diverged"
+                    break
             verdict = self.bench.judge(arm, tstats.MIN_PAIRS, self.s.max_pairs)
         figures = {**self.bench.record(arm), **info}
+        if guard_verdict is not None:
+            figures["guard"] = guard_verdict.as_dict()
         ev = evidence_text(figures)
         floor = f"{self.bench.floor('wall'):.3g}"
         if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
                          {**figures, "error": error}, f"a run failed: {error}")
+            return False
+        if verdict == "diverged":
+            assert guard_verdict is not None
+            self._record(cand.label, "candidate", "rejected", cand.changes, figures,
+                         f"{ev}; fails the convergence guardrail: {guard_verdict.reason}")
             return False
         if verdict != "win":
             status, why = {
@@ -300,8 +315,6 @@ class Tuner:
                 "budget": ("not-significant", "no budget left for another pair")}[verdict]
             self._record(cand.label, "candidate", status, cand.changes, figures,
                          f"{ev}: {why}")
-            return False
-        if cand.lossy and not self._guarded(arm, changes, figures):
             return False
         self._record(cand.label, "candidate", "adopted", cand.changes, figures,
                      f"{ev}: lower bound above the floor {floor}"
@@ -313,23 +326,18 @@ class Tuner:
         self._measure(arm.pairs[-1].arm)
         return True
 
-    def _guarded(self, arm: Arm, changes: Mapping[str, Any], figures: dict[str, Any]) -> bool:
-        last = arm.pairs[-1]
-        base_run, cand_run = last.reference, last.arm
+    def _guard(self, arm: Arm, changes: Mapping[str, Any]) -> guard.GuardResult:
+        """The convergence guardrail on the arm's first pair (same steps, same seed), or
+        on dedicated runs of --guard-steps."""
+        first = arm.pairs[0]
+        base_run, cand_run = first.reference, first.arm
         steps = self.s.guard_steps or self.s.steps
         if steps != self.s.steps:  # dedicated runs over the guard's steps
             base_run = self.runner.run(f"{self.session}-{self.runner.runs:03d}-guard-base",
                                        self.incumbent, steps, self.s.log_every)
             cand_run = self.runner.run(f"{self.session}-{self.runner.runs:03d}-guard-cand",
                                        changes, steps, self.s.log_every)
-        verdict = guard.compare(base_run.losses, cand_run.losses)
-        figures["guard"] = verdict.as_dict()
-        if not verdict.ok:
-            self._record(arm.label, "candidate", "rejected",
-                         {k: v for k, v in changes.items() if self.incumbent.get(k) != v},
-                         figures, f"faster ({evidence_text(figures)}) but fails the "
-                         f"convergence guardrail: {verdict.reason}")
-        return verdict.ok
+        return guard.compare(base_run.losses, cand_run.losses)
 
     # ------------------------------------------------------------------ result
     def _speedup(self) -> tstats.Interval | None:
