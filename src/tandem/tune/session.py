@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -100,7 +101,9 @@ class Tuner:
     def _can_afford(self, runs: int) -> bool:
         walls = [r.wall_s for a in self.bench.arms for p in a.pairs
                  for r in (p.arm, p.reference)] + ([self.a0.wall_s] if self.a0 else [])
-        estimate = max(walls) if walls else 60.0
+        # A quarter over the typical run: one run slowed by a neighbour must not end the
+        # session, nor may a typical run overshoot the budget.
+        estimate = 1.25 * statistics.median(walls) if walls else 60.0
         return self._elapsed() + runs * estimate <= self.s.budget_s
 
     def _launch(self, tag: str, changes: Mapping[str, Any], control: str) -> RunOutcome:
