@@ -9,7 +9,7 @@ data.workers 0: input-bound. The benchmark
 
 and prints the trials used, the wall time spent tuning, and the chosen plan's
 speed-up over the default with a 95% interval (steady-state samples/s, warm-up windows
-dropped as the tuner drops them).
+dropped as the tuner drops them; one ratio per interleaved pair of runs).
 
     python benchmarks/tune.py --nproc-per-node 2 --repeats 3
 """
@@ -17,6 +17,7 @@ dropped as the tuner drops them).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -66,23 +67,33 @@ def main() -> None:
     chosen = space.flatten(tomllib.loads((work / "plan.toml").read_text()))
 
     runner = TrialRunner(str(SCRIPT), [], ns.nproc_per_node, work / "side-by-side", store)
-    default_runs, chosen_runs = [], []
-    for i in range(ns.repeats):  # interleaved: A, B, A, B, ...
-        default_runs.append(runner.run(f"bench-default-{i}", {}, ns.steps, ns.log_every))
-        chosen_runs.append(runner.run(f"bench-chosen-{i}", chosen, ns.steps, ns.log_every))
-    a = [tstats.steady(r.rates) for r in default_runs if r.ok]
-    b = [tstats.steady(r.rates) for r in chosen_runs if r.ok]
-    ratio = tstats.ratio_interval(b, a)
-    pooled_a = tstats.mean_interval([x for w in a for x in w])
-    pooled_b = tstats.mean_interval([x for w in b for x in w])
+    logs, default_rates, chosen_rates = [], [], []
+    for i in range(ns.repeats):  # interleaved pairs, order alternating: AB, BA, ...
+        order = [("a", {}), ("b", chosen)] if i % 2 == 0 else [("b", chosen), ("a", {})]
+        runs = {who: runner.run(f"bench-{who}-{i}", changes, ns.steps, ns.log_every)
+                for who, changes in order}
+        a, b = runs["a"].figures.get("wall"), runs["b"].figures.get("wall")
+        if runs["a"].ok and runs["b"].ok and a and b:
+            default_rates.append(a)
+            chosen_rates.append(b)
+            logs.append(math.log(b / a))
     print()
     print(f"job: {SCRIPT.name}, {ns.nproc_per_node} process(es), {ns.sleep_ms} ms per sample, "
           "data.workers 0")
     print(f"chosen plan: {chosen or 'keep the default'}")
     print(f"trials used: {summary['trials']} ({summary['runs']} runs)")
     print(f"tuning wall time: {tuning_s:.0f} s")
-    print(f"default samples/s: {pooled_a.text()}  chosen samples/s: {pooled_b.text()}")
-    print(f"speed-up, {ns.repeats} interleaved pairs: {ratio.text()}x (95% CI)")
+    claim = summary.get("speedup")
+    if claim:
+        print(f"claimed speed-up: {claim['estimate']:.3g} [{claim['low']:.3g}, "
+              f"{claim['high']:.3g}]x")
+    if len(logs) >= 2:
+        iv = tstats.mean_interval(logs)
+        print(f"default samples/s per run: {[round(x) for x in default_rates]}; chosen: "
+              f"{[round(x) for x in chosen_rates]}")
+        print(f"speed-up, {len(logs)} interleaved pairs (the run as the unit): "
+              f"{math.exp(iv.estimate):.3g} [{math.exp(iv.low):.3g}, {math.exp(iv.high):.3g}]x "
+              "(95% CI)")
 
 
 if __name__ == "__main__":

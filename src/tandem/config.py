@@ -89,6 +89,10 @@ class PlanConfig:
     )
     device: Literal["auto", "cpu", "cuda"] = _doc("auto", "device (auto: cuda when available)")
     timeout_s: float = _doc(300.0, "collective timeout in seconds")
+    threads: int = _doc(
+        0, "CPU threads per process for torch's intra-op work (torch.set_num_threads); 0 "
+        "leaves it to OMP_NUM_THREADS (`tandem run` sets 1 when unset)"
+    )
     malloc_threshold_mb: float = _doc(
         16.0, "glibc hosts: allocations up to this size are reused from the heap instead of "
         "being mapped and unmapped (page-faulted) each step; 0 keeps glibc's adaptive "
@@ -275,6 +279,7 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "optim.momentum_max": (0, "a number in [0, 1)"),
     "plan.tp": (1, "an integer >= 1"),
     "plan.malloc_threshold_mb": (0, "a number in [0, 32]"),
+    "plan.threads": (0, "an integer >= 0 (0: OMP_NUM_THREADS decides)"),
     "checkpoint.every": (0, "an integer >= 0"),
     "checkpoint.keep": (0, "an integer >= 0"),
     "monitor.log_every": (1, "an integer >= 1"),

@@ -147,6 +147,8 @@ def start(plan: PlanConfig) -> Runtime:
             "`tandem run --nproc-per-node N script.py` or torchrun"
         )
     tune_host_allocator(plan.malloc_threshold_mb)
+    if plan.threads > 0:
+        torch.set_num_threads(plan.threads)
     device = _pick_device(plan, local_rank)
     _backend(plan, device)  # a backend that cannot serve this device is refused at any size
     owns_group = False

@@ -41,23 +41,6 @@ def test_mean_interval_is_the_textbook_t_interval() -> None:
     assert stats.mean_interval([5.0]) == stats.Interval(5.0, 5.0, 5.0, 1)
 
 
-def test_ratio_interval_covers_the_true_ratio() -> None:
-    rng = random.Random(2)
-    reps, hits = 150, 0
-    for _ in range(reps):
-        cand = [[rng.gauss(130, 10) for _ in range(10)] for _ in range(2)]
-        base = [[rng.gauss(100, 8) for _ in range(10)] for _ in range(2)]
-        iv = stats.ratio_interval(cand, base, samples=400, seed=rng.randrange(1 << 30))
-        hits += iv.low <= 1.3 <= iv.high
-    assert hits / reps >= 0.88  # nominal 95%; percentile bootstrap runs a little narrow
-
-
-def test_ratio_point_estimate_is_the_ratio_of_pooled_means() -> None:
-    iv = stats.ratio_interval([[2.0, 4.0], [6.0]], [[1.0, 2.0, 3.0]])
-    assert iv.estimate == pytest.approx(4.0 / 2.0)
-    assert iv.low <= iv.estimate <= iv.high
-
-
 def test_warmup_detection_finds_a_decaying_transient() -> None:
     rng = random.Random(3)
     found = []
@@ -87,9 +70,69 @@ def test_warmup_edge_cases() -> None:
     assert stats.steady([float("nan"), 1.0, 2.0, 2.0, 2.0]) == [2.0, 2.0, 2.0]
 
 
+def _windows(rates: list[float], steps: int = 5, batch: int = 32, pause: float = 0.0,
+             start: float = 100.0) -> list[stats.WindowFigure]:
+    """Windows of `steps` steps at the given samples/s, `pause` s between windows."""
+    out, t = [], start
+    for i, rate in enumerate(rates):
+        busy = steps * batch / rate
+        t += busy + pause
+        out.append(stats.WindowFigure((i + 1) * steps, steps * batch, busy, t))
+    return out
+
+
+def test_run_rates_drop_warmup_and_count_pauses_in_wall_time() -> None:
+    rates = [200.0, 1000.0, 1000.0, 1000.0, 1000.0, 1000.0]
+    windows = _windows(rates, pause=0.04)
+    figures = stats.run_rates(windows)
+    kept = windows[1:]  # MSER drops the slow first window only
+    samples = sum(w.samples for w in kept)
+    assert figures["step"] == pytest.approx(1000.0)
+    assert figures["wall"] == pytest.approx(samples / (kept[-1].time - windows[0].time))
+    assert figures["wall"] == pytest.approx(160 / (0.16 + 0.04))  # 160 samples per 0.2 s
+    assert stats.run_rates(windows[:1]) == {}
+
+
+def test_pooled_sd_is_the_anova_within_group_sd() -> None:
+    groups = [[0.1, 0.3, 0.2], [1.0, 1.4], [5.0]]
+    sd, df = stats.pooled_sd(groups)
+    ss = 2 * statistics.variance(groups[0]) + 1 * statistics.variance(groups[1])
+    assert df == 3 and sd == pytest.approx(math.sqrt(ss / 3))
+    assert stats.pooled_sd([[1.0]]) == (pytest.approx(math.nan, nan_ok=True), 0)
+
+
+def test_arm_interval_covers_the_true_ratio_at_its_level() -> None:
+    rng = random.Random(5)
+    sigma, reps, hits = 0.12, 2000, 0
+    for _ in range(reps):
+        placebo = [rng.gauss(0, sigma) for _ in range(3)]
+        arm = [rng.gauss(math.log(1.4), sigma) for _ in range(2)]
+        sd, df = stats.pooled_sd([placebo, arm])
+        iv = stats.arm_interval(arm, sd, df, 0.95)
+        hits += iv.low <= 1.4 <= iv.high
+    assert 0.93 <= hits / reps <= 0.97
+    iv = stats.arm_interval([0.1, 0.3], 0.1, 4, 0.95)
+    half = 2.776445 * 0.1 / math.sqrt(2)  # t(0.975, 4)
+    assert iv.estimate == pytest.approx(math.exp(0.2))
+    assert iv.low == pytest.approx(math.exp(0.2 - half)) and iv.n == 2
+    assert stats.arm_interval([0.2], math.nan, 0).high == math.inf
+
+
+def test_combine_adds_log_ratios_and_their_variances() -> None:
+    a, b = stats.Interval(1.5, 1.2, 1.9, 2), stats.Interval(1.2, 1.0, 1.4, 3)
+    iv = stats.combine([a, b], 0.1, 6)
+    half = 2.446912 * 0.1 * math.sqrt(1 / 2 + 1 / 3)  # t(0.975, 6)
+    assert iv.estimate == pytest.approx(1.8)
+    assert math.log(iv.high) - math.log(iv.estimate) == pytest.approx(half)
+
+
 def test_decision_rules() -> None:
-    base = stats.Interval(100, 95, 105, 10)
-    assert stats.cannot_win(stats.Interval(80, 75, 94, 10), base)
-    assert not stats.cannot_win(stats.Interval(80, 75, 96, 10), base)
-    assert stats.is_win(stats.Interval(1.3, 1.06, 1.5, 20), 0.05)
-    assert not stats.is_win(stats.Interval(1.3, 1.04, 1.5, 20), 0.05)
+    placebo = stats.Interval(1.01, 0.9, 1.12, 3)
+    floor = stats.noise_floor(placebo, 0.05)
+    assert floor == 1.12 and stats.noise_floor(stats.Interval(1, 0.99, 1.02, 3), 0.05) == 1.05
+    assert stats.noise_floor(None) == math.inf
+    assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 2), floor) == "win"
+    assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 1), floor) == "more"  # one pair: never
+    assert stats.judge(stats.Interval(1.0, 0.9, 1.11, 1), floor) == "lose"
+    assert stats.judge(stats.Interval(1.1, 1.0, 1.2, 3), floor, max_pairs=4) == "more"
+    assert stats.judge(stats.Interval(1.1, 1.0, 1.2, 4), floor, max_pairs=4) == "undecided"

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import re
-import tomllib
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from tandem.monitor.store import store_location
 from tandem.tune import planfile, space
 from tandem.tune import stats as tstats
-from tandem.tune.session import Record, Settings, Tuner, TuneResult, session_id
-from tandem.tune.trial import TrialRunner
-
-STATUS_STYLE = {"adopted": "bold green", "rejected": "bold red", "failed": "red",
-                "stopped-early": "yellow", "not-significant": "yellow", "bound": "cyan",
-                "measured": "bold", "skipped": "dim", "invalid": "dim", "pruned": "yellow",
-                "complete": "green"}
+from tandem.tune.common import decision_table, parse_duration, runner_from
+from tandem.tune.session import Settings, Tuner, TuneResult, session_id
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps per logging window (one throughput figure each)")
     parser.add_argument("--min-gain", type=float, default=tstats.MIN_GAIN,
                         help="a change must be faster by more than this, outside the noise")
+    parser.add_argument("--placebo-pairs", type=int, default=3,
+                        help="A/A pairs of the current plan that measure this machine's "
+                             "noise (at least 2)")
+    parser.add_argument("--max-pairs", type=int, default=tstats.MAX_PAIRS,
+                        help="paired runs a candidate gets at most before it is judged "
+                             "not significant")
     parser.add_argument("--guard-steps", type=int, default=0,
                         help="steps of the convergence guardrail (0: the trial runs' own)")
     parser.add_argument("--trial-timeout", type=float, default=300.0,
@@ -59,38 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the script's own flags (--section.field VALUE ...)")
 
 
-def parse_duration(text: str) -> float:
-    """'90s', '10m', '1.5h' or '600' -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([smh]?)\s*", str(text))
-    if not m:
-        raise ValueError(f"--budget {text!r} is not a duration; write 90s, 10m or 1h")
-    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-
-
-def _base_plan(path: str | None) -> dict:
-    if path is None:
-        return {}
-    if not Path(path).is_file():
-        raise ValueError(f"--plan {path!r} does not exist")
-    with open(path, "rb") as handle:
-        return space.flatten(tomllib.load(handle))
-
-
-def runner_from(ns: argparse.Namespace) -> TrialRunner:
-    """The trial runner that `ns` describes."""
-    if not Path(ns.script).is_file():
-        raise ValueError(f"script {ns.script!r} does not exist")
-    if ns.nproc_per_node < 1:
-        raise ValueError(f"--nproc-per-node {ns.nproc_per_node} must be >= 1")
-    from tandem.tune.trial import strip_flags
-
-    return TrialRunner(script=str(Path(ns.script).resolve()),
-                       script_args=strip_flags(ns.args, ["plan"]),
-                       nproc=ns.nproc_per_node, work_dir=Path(ns.work_dir).resolve(),
-                       store_path=store_location(ns.store), base_plan=_base_plan(ns.plan),
-                       timeout_s=ns.trial_timeout)
-
-
 def run(ns: argparse.Namespace, console: Console) -> int:
     """`tandem tune ...`: returns the exit status."""
     if ns.hparams:
@@ -99,7 +64,13 @@ def run(ns: argparse.Namespace, console: Console) -> int:
         return hparams.run(ns, console)
     settings = Settings(budget_s=parse_duration(ns.budget), max_trials=ns.max_trials,
                         steps=ns.steps, log_every=ns.log_every, min_gain=ns.min_gain,
-                        guard_steps=ns.guard_steps)
+                        guard_steps=ns.guard_steps, placebo_pairs=ns.placebo_pairs,
+                        max_pairs=ns.max_pairs)
+    if settings.placebo_pairs < 2:
+        raise ValueError(f"--placebo-pairs {settings.placebo_pairs}: at least 2 pairs are "
+                         "needed to measure the noise")
+    if settings.max_pairs < tstats.MIN_PAIRS:
+        raise ValueError(f"--max-pairs {settings.max_pairs}: at least {tstats.MIN_PAIRS}")
     if settings.steps < 2 * settings.log_every:
         raise ValueError(f"--steps {settings.steps} must give at least two logging windows "
                          f"of --log-every {settings.log_every} steps")
@@ -130,20 +101,3 @@ def summary_line(result: TuneResult, runs: int) -> str:
         head = "chosen: keep the current plan"
     return (f"{head}; {result.trials} trial(s), {runs} run(s), "
             f"{result.wall_s:.0f} s of tuning")
-
-
-def decision_table(records: list[Record], title: str) -> Table:
-    """The decision record as a rich table."""
-    from tandem.analyze.report import trial_rows
-
-    table = Table(title=title, title_justify="left")
-    for column in ("#", "trial", "status", "samples/s [95% CI]", "vs plan [95% CI]",
-                   "decision"):
-        table.add_column(column, overflow="fold")
-    rows = trial_rows([{"trial_id": r.trial_id, "status": r.status,
-                        "figures": {"label": r.label, **r.figures}, "decision": r.decision}
-                       for r in records])
-    for row in rows:
-        style = STATUS_STYLE.get(row[2], "")
-        table.add_row(*row[:2], f"[{style}]{row[2]}[/]" if style else row[2], *row[3:])
-    return table

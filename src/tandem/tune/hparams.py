@@ -18,6 +18,14 @@ Search space, only over keys present in the config at run time:
   [0, steps / 5] for warmup_cosine and `optim.pct_start` in [0.1, 0.5] for onecycle;
 * `train.global_batch` x 1/2, 1 or 2 (kept >= the process count).
 
+The best trial is adopted only when the same run-level statistics as the plan tuner's
+confirm it (`arms.py`): the current settings against themselves (a placebo of
+PLACEBO_PAIRS pairs) and the best trial's settings against the current ones in pairs of
+runs with alternating order, the figure being 1 / time to target; adopted when the
+lower bound of its speed-up clears the noise floor (max(1 + min_gain, the placebo's
+upper bound)). A best trial that one run each shows no faster than 1 + min_gain is not
+confirmed at all.
+
 The study lives in the run store's own SQLite file (Optuna's tables beside tandem's,
 `optuna.load_study(study_name=SESSION, storage="sqlite:///runs/tandem.db")`). Every trial
 is also mirrored to the run store's tune_trials table under the session's run id.
@@ -36,12 +44,15 @@ from rich.console import Console
 from tandem.config import parse_target
 from tandem.monitor.store import RunStore, environment
 from tandem.tune import planfile
-from tandem.tune.command import decision_table, parse_duration, runner_from
-from tandem.tune.session import Record, TuneResult, session_id
+from tandem.tune import stats as tstats
+from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
+from tandem.tune.common import decision_table, parse_duration, runner_from
+from tandem.tune.outcome import Record, TuneResult, session_id
 from tandem.tune.space import flatten, known_keys
 from tandem.tune.trial import RunOutcome, TrialRunner
 
 PENALTY = 2.0
+PLACEBO_PAIRS = 2
 
 
 def space(trial: Any, global_batch: int, steps: int, world: int) -> dict[str, Any]:
@@ -78,6 +89,37 @@ def objective_of(summary: dict[str, Any]) -> tuple[float, bool]:
         return float(reached), True
     train_s = float(summary.get("wall_time_s") or 0.0)
     return PENALTY * max(train_s, 1e-3), False
+
+
+def target_rate(run: RunOutcome) -> dict[str, float]:
+    """A run's figure for the paired comparison: {'target': 1 / objective seconds}."""
+    seconds, _ = objective_of(run.summary)
+    return {"target": 1.0 / seconds} if seconds > 0 else {}
+
+
+def confirm(runner: TrialRunner, session: str, base_run: RunOutcome, changes: dict[str, Any],
+            steps: int, log_every: int, eval_every: int, min_gain: float, max_pairs: int,
+            budget_left: Any) -> tuple[bool, dict[str, Any]]:
+    """Paired runs of `changes` against the current settings, with a placebo;
+    (adopt, evidence record). `budget_left(runs)` says whether that many runs still fit."""
+    def launch(tag: str, plan: Any, control: str) -> RunOutcome:
+        return runner.run(f"{session}-r{runner.runs:03d}-{tag}", plan, steps, log_every,
+                          eval_every=eval_every)
+
+    bench = Bench(launch, min_gain, figure_of=target_rate)
+    placebo = bench.add(Arm("placebo (A/A)", PLACEBO, {}, {}, figure="target"))
+    error = bench.pair(placebo, reference_run=base_run)
+    while not error and len(placebo.pairs) < PLACEBO_PAIRS and budget_left(2):
+        error = bench.pair(placebo)
+    arm = bench.add(Arm("best", "candidate", changes, {}, figure="target"))
+    verdict = "more"
+    while not error and verdict == "more" and budget_left(2):
+        error = bench.pair(arm)
+        verdict = bench.judge(arm, tstats.MIN_PAIRS, max_pairs) if not error else verdict
+    record = bench.record(arm)
+    record["placebo_runs"] = [p.arm.run_id for p in placebo.pairs]
+    record["verdict"] = verdict if not error else f"failed: {error}"
+    return verdict == "win" and not error, record
 
 
 def _distance(value: float, op: str, goal: float) -> float:
@@ -165,7 +207,7 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
     steps, log_every = ns.steps, ns.log_every
     eval_every = max(1, steps // 6)
     # The current hyper-parameters first: the reference, and the config to search around.
-    base = runner.run(f"{session}-r000-baseline", {}, steps, log_every)
+    base = runner.run(f"{session}-r000-baseline", {}, steps, log_every, eval_every=eval_every)
     if not base.ok:
         raise RuntimeError(f"the baseline run failed: {base.error}")
     with RunStore(runner.store_path) as store:
@@ -186,6 +228,38 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
         sampler=optuna.samplers.TPESampler(seed=0),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=eval_every))
     global_batch = int(config["train"]["global_batch"])
+
+    objective = _objective(runner, session, record, global_batch, steps, log_every,
+                           eval_every, target, base_value)
+
+    def stop_when_spent(study: Any, trial: Any) -> None:
+        if time.monotonic() - started + max(base.wall_s, 1.0) > budget:
+            study.stop()
+
+    study.optimize(objective, n_trials=ns.n_trials, callbacks=[stop_when_spent],
+                   catch=(Exception,))
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = min(done, key=lambda t: t.value) if done else None
+    changes, evidence, speedup = _choose(ns, runner, session, record, records, base,
+                                         best, flatten(config), eval_every,
+                                         lambda runs: time.monotonic() - started + runs
+                                         * max(base.wall_s, 1.0) <= budget)
+    result = TuneResult(session_id=session, changes=changes, records=records,
+                        trials=len(study.trials), wall_s=time.monotonic() - started,
+                        speedup=speedup, findings=[], baseline=None, evidence=evidence)
+    _finish(runner, session, "completed", {"chosen": changes, "trials": len(study.trials),
+                                          "wall_s": result.wall_s,
+                                          "best_objective_s": best.value if best else None,
+                                          "baseline_objective_s": base_value,
+                                          "evidence": evidence})
+    return result
+
+
+def _objective(runner: TrialRunner, session: str, record: Any, global_batch: int, steps: int,
+               log_every: int, eval_every: int, target: tuple[str, str, float],
+               base_value: float) -> Any:
+    """Optuna's objective: one pruned trial run, recorded; its time to target."""
+    import optuna
 
     def objective(trial: Any) -> float:
         changes = space(trial, global_batch, steps, runner.nproc)
@@ -211,31 +285,31 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
                + f"; baseline {base_value:.2f} s")
         return value
 
-    def stop_when_spent(study: Any, trial: Any) -> None:
-        if time.monotonic() - started + max(base.wall_s, 1.0) > budget:
-            study.stop()
+    return objective
 
-    study.optimize(objective, n_trials=ns.n_trials, callbacks=[stop_when_spent],
-                   catch=(Exception,))
-    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    best = min(done, key=lambda t: t.value) if done else None
-    changes: dict[str, Any] = {}
-    evidence: dict[str, str] = {}
-    if best is not None and best.value < base_value * (1 - ns.min_gain):
-        current = flatten(config)
-        changes = {k: v for k, v in best.user_attrs["changes"].items() if current.get(k) != v}
-        why = (f"hparams trial {best.number + 1:02d}: time to target {best.value:.2f} s vs "
-               f"{base_value:.2f} s for the current settings (one run each)")
-        evidence = dict.fromkeys(changes, why)
-    result = TuneResult(session_id=session, changes=changes, records=records,
-                        trials=len(study.trials), wall_s=time.monotonic() - started,
-                        speedup=None, findings=[], baseline=None, evidence=evidence)
-    _finish(runner, session, "completed", {"chosen": changes, "trials": len(study.trials),
-                                          "wall_s": result.wall_s,
-                                          "best_objective_s": best.value if best else None,
-                                          "baseline_objective_s": base_value,
-                                          "evidence": evidence})
-    return result
+
+def _choose(ns: argparse.Namespace, runner: TrialRunner, session: str, record: Any,
+            records: list[Record], base: RunOutcome, best: Any, current: dict[str, Any],
+            eval_every: int, budget_left: Any
+            ) -> tuple[dict[str, Any], dict[str, str], tstats.Interval | None]:
+    """The best trial's changes, confirmed in paired runs: (changes, evidence, speed-up);
+    nothing when one run each shows no gain of 1 + min_gain or the pairs do not confirm."""
+    base_value, _ = objective_of(base.summary)
+    if best is None or best.value >= base_value * (1 - ns.min_gain):
+        return {}, {}, None
+    wanted = {k: v for k, v in best.user_attrs["changes"].items() if current.get(k) != v}
+    adopt, figures = confirm(runner, session, base, best.user_attrs["changes"], ns.steps,
+                             ns.log_every, eval_every, ns.min_gain, ns.max_pairs, budget_left)
+    ev = evidence_text(figures)
+    record(f"{len(records):02d}", f"confirm trial {best.number + 1:02d}",
+           "adopted" if adopt else "not-significant", wanted, {**figures, "kind": "confirm"},
+           f"time to target in paired runs: {ev}"
+           + ("" if adopt else f" ({figures['verdict']})"))
+    if not adopt:
+        return {}, {}, None
+    why = (f"hparams trial {best.number + 1:02d}: time to target {best.value:.2f} s vs "
+           f"{base_value:.2f} s for the current settings; confirmed: {ev}")
+    return wanted, dict.fromkeys(wanted, why), tstats.Interval(**figures["ratio"])
 
 
 def _finish(runner: TrialRunner, session: str, status: str, summary: dict) -> None:

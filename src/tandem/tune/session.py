@@ -1,91 +1,54 @@
-"""The tuner: measure the current plan, diagnose it, run validation trials, pick a plan.
+"""The tuner: measure the job, diagnose it, test changes in paired runs, pick a plan.
 
-The order of work (each step a real run of the user's script, see `trial.py`):
+The order of work (each step real runs of the user's script, see `trial.py`):
 
-1. **Baseline** A0 under the current plan; its diagnosis names the bottleneck.
-2. **Controls** for the families the diagnosis names (`space.py`): one run each that
-   bounds what the family can gain. A family whose bound cannot reach 1 + min_gain is
-   skipped without trying its members.
-3. **Candidates**, the diagnosis' first, each in two stages. Stage 1 is one run; it
-   stops there when it clearly cannot win (its throughput interval lies below the
-   baseline's, or the ratio interval lies below 1 + min_gain). Stage 2 runs it again
-   and then re-measures the baseline (A/B/A); the candidate is compared with the
-   baseline runs that bracket it (`stats.ratio_interval`). It wins when the ratio's
-   lower bound exceeds 1 + min_gain; a lossy winner must also pass the convergence
-   guardrail (`guard.py`). A winner becomes the new plan that later candidates build
-   on, and its latest run is diagnosed again: the bottleneck may have moved.
-4. **Search**: when the diagnosis' candidates are spent and the budget allows, every
-   other family's candidates, in the same two-stage way.
+1. **The job's settings** are resolved without training (`TrialRunner.resolve`).
+2. **Baseline** A0 under the current plan: its measurements (`measure.py`) size the
+   candidates (`sizing.py`) and its diagnosis names the bottleneck.
+3. **Placebo**: the current plan against itself in PLACEBO_PAIRS pairs (A0 the first
+   reference). Its interval is what a change that does nothing shows on this machine
+   today; every decision's lower bound must clear it (`stats.noise_floor`).
+4. **Candidates**, misconfigurations first (needless accumulation, oversubscribed
+   threads, costly cadences), then each diagnosed family after its control experiment
+   (`controls.py`): a refuted family, or one whose control cannot gain 1 + min_gain, is
+   skipped. Each candidate is an arm against the current plan, in pairs of runs with
+   alternating order; after each pair it wins (lower bound over the floor, at least
+   MIN_PAIRS pairs), stops (upper bound under the floor) or gets another pair, up to
+   max_pairs. A lossy candidate must also pass the convergence guardrail (`guard.py`),
+   checked on its first pair: one that trains worse is rejected there. A
+   winner becomes the plan later arms are measured against; its last run is measured
+   and diagnosed again, and its proposals join the queue.
+5. **The claim**: one adoption's interval is against the original plan already; after
+   several, the chosen plan is measured against the original in pairs when the budget
+   allows (else the adopted ratios are combined).
 
-Every run, control and decision goes to the run store's trials table under the tune
-session's own run id, so `tandem report <session>` shows the decision record.
+Every run, control and decision goes to the run store's tune_trials table under the tune
+session's own run id (`tandem report <session>`), with its runs, medians, interval and
+the placebo's spread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tandem.analyze.diagnose import Finding, diagnose
 from tandem.monitor.store import RunStore, environment
-from tandem.tune import guard, space
+from tandem.tune import controls, guard, sizing, space
 from tandem.tune import stats as tstats
+from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
+from tandem.tune.measure import Measured, measured_from
+from tandem.tune.outcome import Record, Settings, TuneResult, session_id
 from tandem.tune.space import Candidate
 from tandem.tune.trial import RunOutcome, TrialRunner
 
 log = logging.getLogger("tandem")
-
-
-@dataclass
-class Settings:
-    """How hard the tuner looks."""
-
-    budget_s: float = 600.0
-    max_trials: int = 10
-    steps: int = 60  # steps of each trial run
-    log_every: int = 5  # steps per logging window (one throughput figure each)
-    min_gain: float = tstats.MIN_GAIN
-    confidence: float = tstats.CONFIDENCE
-    guard_steps: int = 0  # 0: the trial runs' own steps
-
-
-@dataclass
-class Record:
-    """One line of the decision record."""
-
-    trial_id: str
-    label: str
-    kind: str  # baseline, control, candidate
-    status: str  # measured, bound, skipped, stopped-early, not-significant, rejected,
-    #              adopted, failed, invalid
-    changes: dict[str, Any]
-    figures: dict[str, Any]
-    decision: str
-
-
-@dataclass
-class TuneResult:
-    """What a tune session found."""
-
-    session_id: str
-    changes: dict[str, Any]  # the chosen plan over the original one ({} = keep it)
-    records: list[Record]
-    trials: int
-    wall_s: float
-    speedup: tstats.Interval | None
-    findings: list[Finding]
-    baseline: tstats.Interval | None
-    evidence: dict[str, str] = field(default_factory=dict)  # key -> why
-
-
-def session_id(script: str) -> str:
-    """'tune-train-20240601-120000'."""
-    return f"tune-{Path(script).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+__all__ = ["Record", "Settings", "TuneResult", "Tuner", "session_id"]
 
 
 class Tuner:
@@ -103,13 +66,18 @@ class Tuner:
         self.trials = 0
         self.started = time.monotonic()
         self.incumbent: dict[str, Any] = {}
-        self.reference: list[RunOutcome] = []  # runs of the incumbent plan, in order
-        self.original: list[RunOutcome] = []  # runs of the plan we started from
+        self.job: dict[str, Any] = {}
         self.tried: set[tuple[tuple[str, str], ...]] = set()
-        self.futile: set[str] = set()  # families a control showed cannot gain enough
+        self.futile: set[str] = set()  # families a control ruled out
         self.evidence: dict[str, str] = {}
-        self.base_flat: dict[str, Any] = {}
         self.findings: list[Finding] = []
+        self.measured: Measured | None = None
+        self.adopted: list[Arm] = []
+        self.validations: dict[str, dict[str, Any]] = {}
+        self.bench = Bench(self._launch, settings.min_gain, settings.confidence)
+        self.a0: RunOutcome | None = None
+        self.judged: set[tuple[tuple[str, str], ...]] = set()  # candidates' own changes
+        self.speed: tstats.Interval | None = None
 
     # ------------------------------------------------------------------ record
     def _store(self) -> RunStore:
@@ -130,17 +98,17 @@ class Tuner:
     def _elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    def _run_estimate(self) -> float:
-        walls = [r.wall_s for r in self.original + self.reference if r.wall_s > 0]
-        return max(walls) if walls else 60.0
-
     def _can_afford(self, runs: int) -> bool:
-        return self._elapsed() + runs * self._run_estimate() <= self.s.budget_s
+        walls = [r.wall_s for a in self.bench.arms for p in a.pairs
+                 for r in (p.arm, p.reference)] + ([self.a0.wall_s] if self.a0 else [])
+        # A quarter over the typical run: one run slowed by a neighbour must not end the
+        # session, nor may a typical run overshoot the budget.
+        estimate = 1.25 * statistics.median(walls) if walls else 60.0
+        return self._elapsed() + runs * estimate <= self.s.budget_s
 
-    def _run(self, tag: str, changes: Mapping[str, Any], control: str = "",
-             steps: int | None = None) -> RunOutcome:
+    def _launch(self, tag: str, changes: Mapping[str, Any], control: str) -> RunOutcome:
         name = f"{self.session}-{self.runner.runs:03d}-{tag}"
-        return self.runner.run(name, changes, steps or self.s.steps, self.s.log_every, control)
+        return self.runner.run(name, changes, self.s.steps, self.s.log_every, control)
 
     # ------------------------------------------------------------------ session
     def run(self) -> TuneResult:
@@ -163,214 +131,258 @@ class Tuner:
                 store.finish_run(self.session, status, summary)
 
     def _tune(self) -> TuneResult:
-        a0 = self._run("baseline", {})
+        self.job = self.runner.resolve()
+        if self.job.get("monitor.log_every"):
+            self.runner.job_log_every = int(self.job["monitor.log_every"])
+        a0 = self._launch("baseline", {}, "")
         if not a0.ok:
             self._record("baseline", "baseline", "failed", {}, {"error": a0.error},
                          f"the current plan did not run: {a0.error}")
             raise RuntimeError(f"the baseline run failed: {a0.error}")
-        self.original = [a0]
-        self.reference = [a0]
-        self.findings = self._diagnose(a0)
-        self.base_flat = self._config_of(a0)
-        self._record("baseline", "baseline", "measured", {},
-                     {**self._figures([a0]), "findings": [
-                         {"kind": f.kind, "severity": f.severity, "message": f.message}
-                         for f in self.findings]},
-                     "diagnosis: " + ("; ".join(f"{f.kind} ({f.severity})"
-                                                for f in self.findings) or "nothing to judge"))
-        self._drain(list(self.extra))  # asked for by name: before anything else
-        controls, queue = self._plan_work()
-        for control in controls:
-            if not self._budget_left():
-                break
-            self._control(control)
+        self.a0 = a0
+        self._measure(a0)
+        self._placebo(a0)
+        queue = list(self.extra) + self._proposals()
         self._drain(queue)
-        if self._budget_left():
-            self._drain(space.remaining({**self.base_flat, **self.incumbent},
-                                        self.runner.nproc, os.cpu_count() or 1))
         return self._result()
 
-    def _plan_work(self) -> tuple[list[Candidate], list[Candidate]]:
-        return space.from_findings(self.findings, self.base_flat, self.runner.nproc,
-                                   os.cpu_count() or 1)
-
-    def _drain(self, queue: list[Candidate]) -> None:
-        """Try the queue in order; after each adoption, the new diagnosis' ideas first."""
-        while queue and self._budget_left():
-            cand = queue.pop(0)
-            if self._candidate(cand):
-                # Ideas for the keys just changed were made for the old plan: drop them;
-                # the new diagnosis proposes them afresh, relative to the new plan.
-                queue[:] = [c for c in queue if not set(c.changes) & set(cand.changes)]
-                queue[:0] = self._plan_work()[1]
-
-    def _budget_left(self) -> bool:
-        if self.trials >= self.s.max_trials:
-            return False
-        return self._can_afford(1)
-
-    # ------------------------------------------------------------------ pieces
-    def _diagnose(self, outcome: RunOutcome) -> list[Finding]:
+    def _measure(self, outcome: RunOutcome) -> None:
+        """Measure and diagnose one run of the current plan; record it the first time."""
         with self._store() as store:
             run = store.run(outcome.run_id)
-            findings = diagnose(store.metrics(outcome.run_id), store.events(outcome.run_id),
-                                config=run["config"])
-        return [f for f in findings if f.kind in space_kinds()]
+            metrics = store.metrics(outcome.run_id)
+            findings = diagnose(metrics, store.events(outcome.run_id), config=run["config"])
+        ran = space.flatten(run["config"] or {})
+        config = {**self.job, **ran}
+        for key in ("monitor.log_every", "checkpoint.at_end", "monitor.calibrate_at"):
+            if key in self.job:  # what the trial set for itself is not the job's
+                config[key] = self.job[key]
+        config.update(self.incumbent)
+        self.measured = measured_from(metrics, run.get("summary") or {}, config,
+                                      outcome.windows, self.runner.nproc,
+                                      int(ran.get("monitor.log_every") or 1),
+                                      {**os.environ, **self.runner.env})
+        kinds = space_kinds()
+        self.findings = [f for f in findings if f.kind in kinds]
+        if outcome is self.a0:
+            self._record("baseline", "baseline", "measured", {}, {
+                "runs": [outcome.run_id], "wall_s": outcome.wall_s, "run": outcome.figures,
+                "measured": sizing.describe(self.measured),
+                "findings": [{"kind": f.kind, "severity": f.severity, "message": f.message,
+                              "predicted_speedup": controls.predicted_of(f)}
+                             for f in self.findings]},
+                "diagnosis: " + ("; ".join(f"{f.kind} ({f.severity})" for f in self.findings)
+                                 or "nothing to judge"))
 
-    def _config_of(self, outcome: RunOutcome) -> dict[str, Any]:
-        with self._store() as store:
-            return space.flatten(store.run(outcome.run_id)["config"] or {})
+    def _placebo(self, a0: RunOutcome) -> None:
+        arm = self.bench.add(Arm("placebo (A/A)", PLACEBO, {}, {}))
+        error = self.bench.pair(arm, reference_run=a0)
+        while not error and len(arm.pairs) < self.s.placebo_pairs:
+            error = self.bench.pair(arm)
+        figures = {**self.bench.record(arm), "reason": "the current plan against itself"}
+        runs = [r.figures["wall"] for p in arm.pairs for r in (p.reference, p.arm)
+                if "wall" in r.figures]
+        if runs:
+            figures["samples_per_s"] = tstats.mean_interval(runs, self.s.confidence).as_dict()
+        status = "failed" if error else "measured"
+        self._record(arm.label, PLACEBO, status, {}, figures,
+                     f"this machine's noise: {evidence_text(figures)}"
+                     + (f"; a run failed ({error})" if error else ""))
 
-    def _figures(self, runs: Sequence[RunOutcome]) -> dict[str, Any]:
-        windows = [tstats.steady(r.rates) for r in runs]
-        pooled = [x for w in windows for x in w]
-        out: dict[str, Any] = {
-            "runs": [r.run_id for r in runs], "wall_s": sum(r.wall_s for r in runs),
-            "windows": [len(w) for w in windows],
-            "warmup_dropped": [len(r.rates) - len(w) for r, w in zip(runs, windows,
-                                                                      strict=True)]}
-        if pooled:
-            out["samples_per_s"] = tstats.mean_interval(pooled, self.s.confidence).as_dict()
-        return out
+    def _proposals(self) -> list[Candidate]:
+        """Measured candidates, then each diagnosed family behind its control."""
+        assert self.measured is not None
+        m, base = self.measured, {**self.job, **self.incumbent}
+        queue = sizing.proposals(m, self.s.min_gain)
+        families = space.families_of(self.findings)
+        for family, finding in families.items():
+            reason = f"{finding.kind}: {finding.message.split(' -> ')[0]}"
+            predicted = controls.predicted_of(finding)
+            if family == "comm":
+                queue += space.comm_remedies(base, reason, m.world, predicted)
+            elif family == "memory":
+                queue += space.memory_remedies(base, reason, m.world)
+            elif family == "compute":
+                queue += space.compute_remedies(base, reason, m.on_gpu)
+        return queue
 
-    def _ratio(self, cand: Sequence[RunOutcome], base: Sequence[RunOutcome]) -> tstats.Interval:
-        return tstats.ratio_interval([tstats.steady(r.rates) for r in cand],
-                                     [tstats.steady(r.rates) for r in base],
-                                     self.s.confidence)
+    def _drain(self, queue: list[Candidate]) -> None:
+        """Try the queue in order; after each adoption, the new measurements' ideas."""
+        while queue and self._budget_left():
+            cand = queue.pop(0)
+            if not self._controlled(cand.family):
+                continue
+            if self._candidate(cand):
+                queue[:] = [c for c in queue if not set(c.changes) & set(cand.changes)]
+                fresh = [c for c in self._proposals() if not self._was_tried(c)]
+                queue[:0] = fresh
 
-    def _control(self, control: Candidate) -> None:
+    def _budget_left(self) -> bool:
+        return self.trials < self.s.max_trials and self._can_afford(2)
+
+    def _was_tried(self, cand: Candidate) -> bool:
+        """Judged before (under an earlier plan): not proposed again."""
+        return self._key(cand.changes) in self.judged
+
+    @staticmethod
+    def _key(changes: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, repr(v)) for k, v in changes.items()))
+
+    # ------------------------------------------------------------------ controls
+    def _controlled(self, family: str) -> bool:
+        """Run the family's control once (when a finding names one); False: skip it."""
+        finding = space.families_of(self.findings).get(family)
+        if finding is None or family in self.validations:
+            return family not in self.futile
+        control = space.control_of(finding)
+        if not control:
+            return True
+        if not self._can_afford(4):
+            self.validations[family] = {"state": "inconclusive", "control": control,
+                                        "reason": "no budget left for the control"}
+            self._record(f"control:{control}", "control", "skipped", {},
+                         {"reason": "no budget"}, f"no budget left for the control: "
+                         f"{family} changes are tried without it")
+            return True
         self.trials += 1
-        changes = {**self.incumbent, **control.changes}
-        out = self._run(f"control-{control.control}", changes, control=control.control)
-        if not out.ok:
-            self._record(control.label, "control", "failed", control.changes,
-                         {"error": out.error}, f"control failed ({out.error}); its family is "
-                         "tried without a bound")
-            return
-        ratio = self._ratio([out], self.reference[-1:])
-        figures = {**self._figures([out]), "ratio": ratio.as_dict(), "reason": control.reason}
-        if ratio.high < 1 + self.s.min_gain:
-            self.futile.add(control.family)
-            self._record(control.label, "control", "bound", control.changes, figures,
-                         f"even removing all {control.family} cost gains only "
-                         f"{ratio.text()}x (< {1 + self.s.min_gain:g}): {control.family} "
-                         "changes skipped")
+        pairs = next(k for k in range(max(self.s.control_pairs, 2), 1, -1)
+                     if k == 2 or self._can_afford(2 * k))
+        result = controls.validate(
+            self.runner, finding, pairs=pairs, reference=self.incumbent,
+            job=self.job, bench=self.bench, placebo_pairs=self.s.placebo_pairs,
+            min_gain=self.s.min_gain)
+        self.validations[family] = result
+        iv = result.get("interval")
+        if result["state"] == "refuted" or (iv and iv[1] < 1 + self.s.min_gain):
+            self.futile.add(family)
+            verdict = f"{family} changes skipped"
         else:
-            self._record(control.label, "control", "bound", control.changes, figures,
-                         f"removing all {control.family} cost gains up to {ratio.text()}x: "
-                         f"{control.family} changes are worth trying")
+            verdict = f"{family} changes are worth trying"
+        figures = {**(result.get("evidence") or {}),
+                   **{k: v for k, v in result.items() if k != "evidence"}}
+        self._record(f"control:{control}", "control", result["state"], {}, figures,
+                     f"{result['reason']} ({evidence_text(figures)}): {verdict}")
+        return family not in self.futile
 
+    # ------------------------------------------------------------------ candidates
     def _candidate(self, cand: Candidate) -> bool:
-        """Try one candidate; True when it was adopted."""
+        """Try one candidate in paired runs; True when it was adopted."""
         changes = {**self.incumbent, **cand.changes}
-        key = tuple(sorted((k, repr(v)) for k, v in changes.items()))
-        if changes == self.incumbent or key in self.tried:
+        if changes == self.incumbent or self._key(changes) in self.tried:
             return False
-        self.tried.add(key)
-        if cand.family in self.futile:
-            self._record(cand.label, "candidate", "skipped", cand.changes,
-                         {"reason": cand.reason},
-                         f"the {cand.family} control bounds any gain below "
-                         f"{1 + self.s.min_gain:g}x")
-            return False
-        problem = space.check(self.base_flat, changes)
+        self.tried.add(self._key(changes))
+        self.judged.add(self._key(cand.changes))
+        info = {"reason": cand.reason, "lossy": cand.lossy, "predicted": cand.predicted,
+                "family": cand.family}
+        problem = space.check(self.job, changes, self.runner.nproc)
         if problem:
-            self._record(cand.label, "candidate", "invalid", cand.changes,
-                         {"reason": cand.reason}, f"not a valid config here: {problem}")
+            self._record(cand.label, "candidate", "invalid", cand.changes, info,
+                         f"not a valid config here: {problem}")
             return False
         self.trials += 1
-        first = self._run("stage1", changes)
-        if not first.ok:
+        arm = self.bench.add(Arm(cand.label, "candidate", changes, dict(self.incumbent)))
+        verdict, error, guard_verdict = "more", "", None
+        while verdict == "more":
+            if not self._can_afford(2):
+                verdict = "budget"
+                break
+            error = self.bench.pair(arm)
+            if error:
+                break
+            if cand.lossy and guard_verdict is None:
+                # Its first pair already tells whether it trains as well: a change that
+                # diverges is rejected before any more runs are spent on its speed.
+                guard_verdict = self._guard(arm, changes)
+                if not guard_verdict.ok:
+                    verdict = "diverged"
+                    break
+            verdict = self.bench.judge(arm, tstats.MIN_PAIRS, self.s.max_pairs)
+        figures = {**self.bench.record(arm), **info}
+        if guard_verdict is not None:
+            figures["guard"] = guard_verdict.as_dict()
+        ev = evidence_text(figures)
+        floor = f"{self.bench.floor('wall'):.3g}"
+        if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
-                         {"error": first.error, "reason": cand.reason,
-                          "runs": [first.run_id], "wall_s": first.wall_s},
-                         f"the trial failed: {first.error}")
+                         {**figures, "error": error}, f"a run failed: {error}")
             return False
-        before = self.reference[-1]
-        ratio1 = self._ratio([first], [before])
-        iv_c = tstats.mean_interval(tstats.steady(first.rates), self.s.confidence)
-        iv_b = tstats.mean_interval(tstats.steady(before.rates), self.s.confidence)
-        figures = {**self._figures([first]), "ratio": ratio1.as_dict(), "stage": 1,
-                   "reason": cand.reason, "lossy": cand.lossy}
-        if tstats.cannot_win(iv_c, iv_b) or ratio1.high < 1 + self.s.min_gain:
-            self._record(cand.label, "candidate", "stopped-early", cand.changes, figures,
-                         f"stage 1: {ratio1.text()}x the current plan; cannot reach "
-                         f"{1 + self.s.min_gain:g}x")
+        if verdict == "diverged":
+            assert guard_verdict is not None
+            self._record(cand.label, "candidate", "rejected", cand.changes, figures,
+                         f"{ev}; fails the convergence guardrail: {guard_verdict.reason}")
             return False
-        if not self._can_afford(2):
-            self._record(cand.label, "candidate", "not-significant", cand.changes, figures,
-                         f"stage 1: {ratio1.text()}x; no budget left to confirm it (A/B/A)")
+        if verdict != "win":
+            status, why = {
+                "lose": ("stopped-early", f"cannot clear the noise floor {floor}"),
+                "undecided": ("not-significant", f"lower bound not above the floor {floor}"),
+                "budget": ("not-significant", "no budget left for another pair")}[verdict]
+            self._record(cand.label, "candidate", status, cand.changes, figures,
+                         f"{ev}: {why}")
             return False
-        second = self._run("stage2", changes)
-        after = self._run("reference", self.incumbent)
-        if not second.ok or not after.ok:
-            bad = second if not second.ok else after
-            self._record(cand.label, "candidate", "failed", cand.changes,
-                         {**figures, "error": bad.error},
-                         f"stage 2 failed ({bad.name}: {bad.error})")
-            if after.ok:
-                self.reference.append(after)
-            return False
-        self.reference.append(after)
-        if not self.incumbent:
-            self.original.append(after)
-        ratio = self._ratio([first, second], [before, after])
-        figures = {**self._figures([first, second]), "ratio": ratio.as_dict(), "stage": 2,
-                   "reason": cand.reason, "lossy": cand.lossy,
-                   "baseline_runs": [before.run_id, after.run_id]}
-        if not tstats.is_win(ratio, self.s.min_gain):
-            self._record(cand.label, "candidate", "not-significant", cand.changes, figures,
-                         f"A/B/A: {ratio.text()}x; the lower bound does not exceed "
-                         f"{1 + self.s.min_gain:g}")
-            return False
-        if cand.lossy:
-            verdict = self._guard(changes, second, after)
-            figures["guard"] = verdict.as_dict()
-            if not verdict.ok:
-                self._record(cand.label, "candidate", "rejected", cand.changes, figures,
-                             f"faster ({ratio.text()}x) but fails the convergence "
-                             f"guardrail: {verdict.reason}")
-                return False
         self._record(cand.label, "candidate", "adopted", cand.changes, figures,
-                     f"A/B/A: {ratio.text()}x the plan before, lower bound > "
-                     f"{1 + self.s.min_gain:g}" + (" ; guardrail passed" if cand.lossy else ""))
+                     f"{ev}: lower bound above the floor {floor}"
+                     + ("; guardrail passed" if cand.lossy else ""))
         for key in cand.changes:
-            self.evidence[key] = (f"{cand.reason}; trial {self.records[-1].trial_id}: "
-                                  f"{ratio.text()}x (A/B/A, {self.s.confidence:.0%} CI)")
+            self.evidence[key] = f"{cand.reason}; trial {self.records[-1].trial_id}: {ev}"
         self.incumbent = changes
-        self.reference = [first, second]
-        self.findings = self._diagnose(second)
-        self.base_flat = {**self._config_of(second)}
+        self.adopted.append(arm)
+        self._measure(arm.pairs[-1].arm)
         return True
 
-    def _guard(self, changes: Mapping[str, Any], cand_run: RunOutcome,
-               base_run: RunOutcome) -> guard.GuardResult:
+    def _guard(self, arm: Arm, changes: Mapping[str, Any]) -> guard.GuardResult:
+        """The convergence guardrail on the arm's first pair (same steps, same seed), or
+        on dedicated runs of --guard-steps."""
+        first = arm.pairs[0]
+        base_run, cand_run = first.reference, first.arm
         steps = self.s.guard_steps or self.s.steps
         if steps != self.s.steps:  # dedicated runs over the guard's steps
-            base_run = self._run("guard-base", self.incumbent, steps=steps)
-            cand_run = self._run("guard-cand", changes, steps=steps)
+            base_run = self.runner.run(f"{self.session}-{self.runner.runs:03d}-guard-base",
+                                       self.incumbent, steps, self.s.log_every)
+            cand_run = self.runner.run(f"{self.session}-{self.runner.runs:03d}-guard-cand",
+                                       changes, steps, self.s.log_every)
         return guard.compare(base_run.losses, cand_run.losses)
 
+    # ------------------------------------------------------------------ result
     def _speedup(self) -> tstats.Interval | None:
-        if not self.incumbent:
+        if not self.adopted:
             return None
-        return self._ratio(self.reference, self.original)
+        if len(self.adopted) == 1:
+            return self.bench.interval(self.adopted[0])
+        arm = self.bench.add(Arm("chosen vs original", "confirm", dict(self.incumbent), {}))
+        while len(arm.pairs) < tstats.MIN_PAIRS + 1 and self._can_afford(2):
+            if self.bench.pair(arm):
+                break
+        if len(arm.pairs) >= tstats.MIN_PAIRS:
+            figures = self.bench.record(arm)
+            self._record(arm.label, "confirm", "measured", self.incumbent, figures,
+                         f"the chosen plan against the original: {evidence_text(figures)}")
+            return self.bench.interval(arm)
+        parts = [iv for a in self.adopted if (iv := self.bench.interval(a)) is not None]
+        sd, df = self.bench.noise("wall")
+        return tstats.combine(parts, sd, df, self.s.confidence)
+
+    def _baseline(self) -> tstats.Interval | None:
+        placebo = self.bench.placebo
+        runs = ([r.figures["wall"] for p in placebo.pairs for r in (p.reference, p.arm)
+                 if "wall" in r.figures] if placebo else [])
+        return tstats.mean_interval(runs, self.s.confidence) if runs else None
 
     def _result(self) -> TuneResult:
-        baseline = self._figures(self.original).get("samples_per_s")
+        self.speed = self._speedup()
         return TuneResult(
             session_id=self.session, changes=dict(self.incumbent), records=self.records,
-            trials=self.trials, wall_s=self._elapsed(), speedup=self._speedup(),
-            findings=self.findings,
-            baseline=tstats.Interval(**baseline) if baseline else None,
-            evidence=self.evidence)
+            trials=self.trials, wall_s=self._elapsed(), speedup=self.speed,
+            findings=self.findings, baseline=self._baseline(), evidence=self.evidence,
+            noise=self.bench.noise_record("wall"))
 
     def _summary(self) -> dict[str, Any]:
-        speed = self._speedup()
+        speed = self.speed
         return {"chosen": dict(self.incumbent), "trials": self.trials,
                 "runs": self.runner.runs, "wall_s": self._elapsed(),
                 "speedup": speed.as_dict() if speed else None,
-                "evidence": self.evidence}
+                "evidence": self.evidence, "noise": self.bench.noise_record("wall"),
+                "validations": {k: {x: y for x, y in v.items() if x != "evidence"}
+                                for k, v in self.validations.items()}}
 
 
 def space_kinds() -> frozenset[str]:

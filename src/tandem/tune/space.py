@@ -1,18 +1,17 @@
-"""What the tuner may try: candidates from a diagnosis, controls that bound them, the rest.
+"""What the tuner may try: candidates sized from measurements, and what it must not try.
 
-A candidate is a set of config changes over the current plan. The diagnosis orders the
-work: each finding names a family of changes, and a family comes with a cheap control
-run that bounds what any change of that family can gain:
+A candidate is a set of config changes over the current plan, with the measurement
+that motivates it and, where the measurement allows, the speed-up it predicts. The
+sizes come from the job's own figures (`sizing.py`: memory for the micro-batch, the
+link's latency x bandwidth for the bucket, data time and free cores for loader workers,
+cores for threads, measured costs for the logging, evaluation and checkpoint cadence),
+never from fixed multiples. The diagnosis adds the families whose remedies change the
+numerics (gradient compression, local SGD; on GPUs precision, sharding, recomputation),
+each tried only after its control experiment (`controls.py`) showed the cause is real.
 
-* input-bound -> the data control: the same job with its training samples served from
-  memory (`shim.py`, the tuner's own wrapper: the first items are loaded once and
-  reused), so data loading costs nothing. No data.* change can beat it.
-* communication-bound -> the communication control: plan.strategy localsgd with
-  sync_every beyond the trial's steps, i.e. no gradient communication at all. No
-  comm_hook, bucket or low-communication strategy can beat it.
-
-Only keys present in tandem.config at run time are proposed (plan.activation_checkpointing
-and plan.compile, for instance, only where the config has them). Changes that alter the
+Only keys present in tandem.config at run time are proposed, and never a combination
+the config or the strategy would refuse (`check`): DDP's static graph does not combine
+with gradient accumulation (its reducer asserts), for instance. Changes that alter the
 numerics (compression, precision, batch split, local SGD, optimizer settings) are lossy:
 they must also pass the convergence guardrail (`guard.py`).
 """
@@ -40,12 +39,13 @@ EXACT_STRATEGIES = frozenset({"auto", "ddp", "fsdp", "single"})
 
 @dataclass(frozen=True)
 class Candidate:
-    """Config changes to try over the current plan, and why."""
+    """Config changes to try over the current plan, why, and what they should gain."""
 
     changes: dict[str, Any]
-    family: str  # data, comm, memory, compute, search, user
+    family: str  # batch, threads, cadence, data, comm, memory, compute, user
     reason: str
     control: str = ""  # non-empty: a bound, never adopted
+    predicted: float | None = None  # predicted speed-up from the measurements, if any
 
     @property
     def label(self) -> str:
@@ -78,18 +78,47 @@ def flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             for k, v in values.items()}
 
 
-def check(base: Mapping[str, Any], changes: Mapping[str, Any]) -> str | None:
-    """Why `changes` over the flat config `base` is not a valid config (None: it is)."""
+def accumulation(config: Mapping[str, Any], world: int) -> int | None:
+    """Accumulation passes per step of a flat config on `world` processes (None: invalid)."""
+    dp = max(1, world // max(1, int(config.get("plan.tp", 1) or 1)))
+    batch = int(config.get("train.global_batch", 0) or 0)
+    micro = int(config.get("train.micro_batch", 0) or 0)
+    if batch <= 0 or batch % dp:
+        return None
+    per_rank = batch // dp
+    micro = micro or per_rank
+    if micro > per_rank or per_rank % micro:
+        return None
+    return per_rank // micro
+
+
+def check(base: Mapping[str, Any], changes: Mapping[str, Any], world: int = 1) -> str | None:
+    """Why `changes` over the flat config `base` is not a valid config on `world`
+    processes (None: it is)."""
     config = Config()
     keys = known_keys()
+    merged = {**base, **changes}
     try:
-        for key, value in {**base, **changes}.items():
+        for key, value in merged.items():
             if key in keys:
                 _set(config, key, value)
         validate(config)
     except ValueError as err:
         return str(err)
+    accum = accumulation(merged, world)
+    if accum is None:
+        return (f"train.micro_batch {merged.get('train.micro_batch')} does not divide the "
+                f"per-rank batch of train.global_batch {merged.get('train.global_batch')} "
+                f"on {world} process(es)")
+    if merged.get("plan.static_graph") and (accum > 1 or merged.get("train.batch_ramp")):
+        return ("plan.static_graph needs every step to run backward once: with "
+                f"{accum} accumulation passes (or a batch ramp) DDP's reducer fails")
     return None
+
+
+def _ddp(base: Mapping[str, Any], world: int) -> bool:
+    return (world > 1 and str(base.get("plan.strategy", "auto")) in ("auto", "ddp")
+            and int(base.get("plan.tp", 1) or 1) == 1)
 
 
 def _have(*keys: str) -> bool:
@@ -97,59 +126,38 @@ def _have(*keys: str) -> bool:
     return all(k in present for k in keys)
 
 
-def _strategy(base: Mapping[str, Any]) -> str:
-    return str(base.get("plan.strategy", "auto"))
-
-
-def _ddp(base: Mapping[str, Any], world: int) -> bool:
-    return world > 1 and _strategy(base) in ("auto", "ddp") and int(base.get("plan.tp", 1)) == 1
-
-
-def _data(base: Mapping[str, Any], reason: str, cpus: int) -> list[Candidate]:
-    workers = int(base.get("data.workers", 0))
-    prefetch = int(base.get("data.prefetch", 2))
-    out = []
-    for more in sorted({max(2, 2 * workers), max(4, 4 * workers)}):
-        if more != workers and more <= max(2, 2 * cpus):
-            out.append(Candidate({"data.workers": more}, "data", reason))
-    if workers > 0:
-        out.append(Candidate({"data.prefetch": 2 * prefetch}, "data", reason))
-    else:
-        out.append(Candidate({"data.workers": 2, "data.prefetch": 2 * prefetch}, "data",
-                             reason))
-    return out
-
-
-def _comm(base: Mapping[str, Any], reason: str, world: int) -> list[Candidate]:
+def comm_remedies(base: Mapping[str, Any], reason: str, world: int,
+                  predicted: float | None) -> list[Candidate]:
+    """Lossy communication remedies for a communication-bound DDP job (after its control)."""
     if not _ddp(base, world):
         return []
-    bucket = float(base.get("plan.bucket_mb", 25.0))
-    out = [Candidate({"plan.bucket_mb": bucket * 4}, "comm", reason),
-           Candidate({"plan.static_graph": True}, "comm", reason)]
+    out = []
     if base.get("plan.comm_hook", "none") == "none":
-        out += [Candidate({"plan.comm_hook": "fp16"}, "comm", reason),
-                Candidate({"plan.comm_hook": "powersgd"}, "comm", reason)]
-    out += [Candidate({"plan.strategy": "localsgd", "plan.comm_hook": "none"}, "comm", reason),
-            Candidate({"plan.strategy": "diloco", "plan.comm_hook": "none"}, "comm", reason)]
+        out += [Candidate({"plan.comm_hook": "fp16"}, "comm", reason, predicted=predicted),
+                Candidate({"plan.comm_hook": "powersgd"}, "comm", reason,
+                          predicted=predicted)]
+    out.append(Candidate({"plan.strategy": "localsgd", "plan.comm_hook": "none"}, "comm",
+                         reason, predicted=predicted))
+    if not base.get("plan.static_graph") and accumulation(base, world) == 1:
+        out.append(Candidate({"plan.static_graph": True}, "comm", reason))
     return out
 
 
-def _memory(base: Mapping[str, Any], reason: str, world: int) -> list[Candidate]:
+def memory_remedies(base: Mapping[str, Any], reason: str, world: int) -> list[Candidate]:
+    """Remedies for a device whose memory is nearly full (GPU: memory-bound finding)."""
     out = []
     if _have("plan.activation_checkpointing") and not base.get("plan.activation_checkpointing"):
         out.append(Candidate({"plan.activation_checkpointing": True}, "memory", reason))
-    if world > 1 and _strategy(base) in ("auto", "ddp"):
+    if world > 1 and str(base.get("plan.strategy", "auto")) in ("auto", "ddp"):
         out.append(Candidate({"plan.strategy": "fsdp", "plan.comm_hook": "none"}, "memory",
                              reason))
-    micro = int(base.get("train.micro_batch", 0))
-    global_batch = int(base.get("train.global_batch", 0))
-    per_rank = micro or global_batch // max(world, 1)
-    if per_rank >= 2 and per_rank % 2 == 0:
-        out.append(Candidate({"train.micro_batch": per_rank // 2}, "memory", reason))
     return out
 
 
-def _compute(base: Mapping[str, Any], reason: str) -> list[Candidate]:
+def compute_remedies(base: Mapping[str, Any], reason: str, on_gpu: bool) -> list[Candidate]:
+    """Faster kernels for a compute-bound job; only on GPUs, where they apply."""
+    if not on_gpu:
+        return []
     out = []
     if base.get("precision.mode", "fp32") == "fp32":
         out.append(Candidate({"precision.mode": "bf16"}, "compute", reason))
@@ -158,39 +166,27 @@ def _compute(base: Mapping[str, Any], reason: str) -> list[Candidate]:
     return out
 
 
-def from_findings(findings: Iterable[Any], base: Mapping[str, Any], world: int,
-                  cpus: int) -> tuple[list[Candidate], list[Candidate]]:
-    """(controls, candidates) for a diagnosis, most severe finding first."""
-    controls: list[Candidate] = []
-    candidates: list[Candidate] = []
+def control_of(finding: Any) -> str:
+    """The launcher control for a finding: its own `control`, else the one its kind has."""
+    from tandem.analyze.diagnose import IN_MEMORY_DATA, NO_COMM
+
+    control = getattr(finding, "control", None)
+    if control is None:
+        control = {"input-bound": IN_MEMORY_DATA,
+                   "communication-bound": NO_COMM}.get(finding.kind)
+    return control or ""
+
+
+def families_of(findings: Iterable[Any]) -> dict[str, Any]:
+    """family -> the finding that names it, most severe first."""
+    by_kind = {"input-bound": "data", "data-imbalance": "data", "communication-bound": "comm",
+               "memory-bound": "memory", "compute-bound": "compute"}
+    out: dict[str, Any] = {}
     for f in findings:
-        reason = f"{f.kind}: {f.message.split(' -> ')[0]}"
-        if f.kind == "input-bound":
-            controls.append(Candidate({}, "data", reason, control=DATA_CONTROL))
-            candidates += _data(base, reason, cpus)
-        elif f.kind == "communication-bound" and _ddp(base, world):
-            controls.append(comm_control(reason))
-            candidates += _comm(base, reason, world)
-        elif f.kind == "memory-bound":
-            candidates += _memory(base, reason, world)
-        elif f.kind == "compute-bound":
-            candidates += _compute(base, reason)
-        elif f.kind == "straggler":
-            candidates += _data(base, reason, cpus)[:1]
-    return controls, candidates
-
-
-def comm_control(reason: str) -> Candidate:
-    """No gradient communication during the trial: local SGD that never meets."""
-    return Candidate({"plan.strategy": "localsgd", "plan.comm_hook": "none",
-                      "plan.sync_every": 1_000_000}, "comm", reason, control=COMM_CONTROL)
-
-
-def remaining(base: Mapping[str, Any], world: int, cpus: int) -> list[Candidate]:
-    """Every family's candidates, for the search once the diagnosis' ones are spent."""
-    why = "search: the diagnosis named no further change"
-    return [*_data(base, why, cpus), *_comm(base, why, world), *_compute(base, why),
-            *_memory(base, why, world)]
+        family = by_kind.get(f.kind)
+        if family and family not in out:
+            out[family] = f
+    return out
 
 
 def parse_try(text: str) -> Candidate:

@@ -1,41 +1,55 @@
-"""Statistics of trial measurements: warm-up, steady-state throughput, intervals, decisions.
+"""Statistics of trial measurements: warm-up, one figure per run, run-level intervals.
 
-A trial run records one throughput figure per logging window (samples/s over the
-window's training time). The rules, all documented here and tested against independent
-computations in tests/unit/test_tune_stats.py:
+The unit of every interval is the RUN. Logging windows inside one run are correlated
+(the same processes, the same cache state, the same neighbours on the machine), so an
+interval over windows is far narrower than the spread between two runs of the same plan
+minutes apart (about +-15% on a shared 2-core machine). The rules, all tested against
+independent computations in tests/unit/test_tune_stats.py:
 
 * **Warm-up.** The first window always goes (process start, loader workers, allocator
   growth). Then MSER (White 1997, the Marginal Standard Error Rule) picks how many more
   leading windows to drop: the truncation d in [1, n/2] that minimises
-  sum((x_i - mean(x[d:]))^2) / (n - d)^2, i.e. the squared standard error of the
-  steady-state mean. A transient at the start inflates the spread of what remains;
-  MSER removes it only while that pays for the lost windows.
-* **Steady-state throughput.** The mean of the kept window rates with a Student-t
-  interval (t quantile inverted from the exact distribution function).
-* **Ratio of two plans.** Candidate mean / baseline mean with a percentile bootstrap
-  interval (resampling windows within each run, so every run keeps its weight; a fixed
-  seed makes the decision reproducible). Run-to-run drift of the machine is handled by
-  the design, not the formula: the baseline is measured again after each candidate that
-  gets a second stage (A/B/A), and the candidate is compared with the baseline runs that
-  bracket it.
-* **Early stop.** After its first stage a candidate stops when the upper bound of its
-  throughput interval is below the lower bound of the baseline's: it cannot win.
-* **Win.** A candidate is adopted only when the lower bound of the ratio interval
-  exceeds 1 + MIN_GAIN (5%): the gain is outside the noise and worth a change.
+  sum((x_i - mean(x[d:]))^2) / (n - d)^2 over the window rates.
+* **One figure per run** (`run_rates`), over the windows after warm-up:
+  ``wall`` = samples / wall-clock time between the close of the last warm-up window and
+  the close of the last window (what a user sees: logging, evaluation and checkpoint
+  pauses included); ``step`` = samples / the training time of those windows (the step
+  alone: what a diagnosis' prediction is about).
+* **Paired runs.** An arm (a candidate plan, a control, or the placebo) is measured in
+  pairs against the reference plan, each pair one run of each, their order alternating
+  (AB, BA, AB, ...: linear drift of the machine cancels across pairs; no run is shared
+  between pairs, so pairs are independent). One observation per pair:
+  r = log(arm figure / reference figure).
+* **The machine's noise** (`pooled_sd`): the standard deviation of r around each arm's
+  own mean, pooled over every arm of the session (the placebo's pairs included), with
+  sum(n_arm - 1) degrees of freedom. Pooling assumes the run-to-run noise is the same
+  multiplicative noise whatever the plan; it is what lets an arm of two pairs get an
+  honest interval.
+* **An arm's ratio** (`arm_interval`): exp(mean r) with the Student-t interval
+  exp(mean r +- t(df) * sd / sqrt(n)).
+* **The placebo.** Every session measures an A/A arm: the reference plan against
+  itself. Its interval is what a change that does nothing shows on this machine today.
+* **Noise floor and decisions** (`noise_floor`, `judge`): floor = max(1 + min_gain, the
+  placebo's upper bound). An arm wins when it has MIN_PAIRS pairs or more and its lower
+  bound exceeds the floor; it is stopped when its upper bound is below the floor (it
+  cannot beat the noise); otherwise it gets another pair, up to a maximum, after which
+  it is not significant. Stopping as soon as an arm is decided makes the test
+  sequential: the floor's margin (a lower bound above another interval's upper bound)
+  keeps the chance that an equal plan wins far below the nominal 2.5% (tested by
+  simulation).
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
 CONFIDENCE = 0.95
 MIN_GAIN = 0.05
-BOOTSTRAP_SAMPLES = 2000
-BOOTSTRAP_SEED = 20240601
+MIN_PAIRS = 2  # pairs before an arm may win
+MAX_PAIRS = 4  # pairs before an undecided arm is not significant
 
 
 @dataclass(frozen=True)
@@ -145,44 +159,90 @@ def mean_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     return Interval(m, m - half, m + half, n)
 
 
-def ratio_interval(candidate: Sequence[Sequence[float]], baseline: Sequence[Sequence[float]],
-                   confidence: float = CONFIDENCE, samples: int = BOOTSTRAP_SAMPLES,
-                   seed: int = BOOTSTRAP_SEED) -> Interval:
-    """mean(candidate) / mean(baseline), with a percentile bootstrap interval.
 
-    Each argument is a list of runs, each run its steady window rates; windows are
-    resampled within their run (stratified bootstrap).
+
+@dataclass(frozen=True)
+class WindowFigure:
+    """One logging window of a run: its samples, training seconds and closing time."""
+
+    step: int
+    samples: float
+    busy_s: float
+    time: float  # wall clock (s) when the window closed
+
+
+def run_rates(windows: Sequence[WindowFigure]) -> dict[str, float]:
+    """The run's steady throughput: {'wall': samples/s, 'step': samples/s} ({} if none)."""
+    good = [w for w in windows if w.busy_s > 0 and w.samples > 0 and math.isfinite(w.time)]
+    drop = warmup_windows([w.samples / w.busy_s for w in good])
+    if drop < 1 or drop >= len(good):
+        return {}
+    kept = good[drop:]
+    samples = math.fsum(w.samples for w in kept)
+    out = {"step": samples / math.fsum(w.busy_s for w in kept)}
+    span = kept[-1].time - good[drop - 1].time
+    if span > 0:
+        out["wall"] = samples / span
+    return out
+
+
+def pooled_sd(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """(standard deviation around each group's own mean, pooled; degrees of freedom).
+
+    NaN and 0 when no group has two values."""
+    ss, df = 0.0, 0
+    for values in groups:
+        xs = [float(x) for x in values if math.isfinite(x)]
+        if len(xs) >= 2:
+            m = math.fsum(xs) / len(xs)
+            ss += math.fsum((x - m) ** 2 for x in xs)
+            df += len(xs) - 1
+    return (math.sqrt(ss / df), df) if df else (math.nan, 0)
+
+
+def arm_interval(logs: Sequence[float], sd: float, df: int,
+                 confidence: float = CONFIDENCE) -> Interval:
+    """exp(mean of the log ratios) with its t-interval from the pooled `sd` and `df`.
+
+    Without a noise estimate (df 0) the interval is [0, inf]: nothing can be decided.
     """
-    cand = [list(r) for r in candidate if r]
-    base = [list(r) for r in baseline if r]
-    if not cand or not base:
-        raise ValueError("ratio_interval needs windows on both sides")
-    rng = random.Random(seed)
-
-    def resampled_mean(runs: list[list[float]]) -> float:
-        total, count = 0.0, 0
-        for run in runs:
-            total += math.fsum(rng.choice(run) for _ in run)
-            count += len(run)
-        return total / count
-
-    def pooled(runs: list[list[float]]) -> float:
-        return math.fsum(x for r in runs for x in r) / sum(len(r) for r in runs)
-
-    point = pooled(cand) / pooled(base)
-    draws = sorted(resampled_mean(cand) / resampled_mean(base) for _ in range(samples))
-    alpha = (1 - confidence) / 2
-    low = draws[max(0, math.floor(alpha * samples))]
-    high = draws[min(samples - 1, math.ceil((1 - alpha) * samples) - 1)]
-    n = sum(len(r) for r in cand) + sum(len(r) for r in base)
-    return Interval(point, low, high, n)
+    if not logs:
+        raise ValueError("arm_interval needs at least one pair")
+    n = len(logs)
+    m = math.fsum(logs) / n
+    if df < 1 or not math.isfinite(sd):
+        return Interval(math.exp(m), 0.0, math.inf, n)
+    half = t_quantile(0.5 + confidence / 2, df) * sd / math.sqrt(n)
+    return Interval(math.exp(m), math.exp(m - half), math.exp(m + half), n)
 
 
-def cannot_win(candidate: Interval, baseline: Interval) -> bool:
-    """Early stop: even the candidate's upper bound is below the baseline's lower bound."""
-    return candidate.high < baseline.low
+def noise_floor(placebo: Interval | None, min_gain: float = MIN_GAIN) -> float:
+    """What a gain's lower bound must exceed: 1 + min_gain and the placebo's upper bound
+    (infinite without a placebo: no winner without a measured noise)."""
+    if placebo is None:
+        return math.inf
+    return max(1 + min_gain, placebo.high)
 
 
-def is_win(ratio: Interval, min_gain: float = MIN_GAIN) -> bool:
-    """Adopt: the whole ratio interval lies above 1 + min_gain."""
-    return ratio.low > 1 + min_gain
+def judge(ratio: Interval, floor: float, min_pairs: int = MIN_PAIRS,
+          max_pairs: int = MAX_PAIRS) -> str:
+    """'win', 'lose' (cannot beat the floor), 'more' (another pair) or 'undecided'."""
+    if ratio.n >= min_pairs and ratio.low > floor:
+        return "win"
+    if ratio.high < floor:
+        return "lose"
+    return "more" if ratio.n < max_pairs else "undecided"
+
+
+def combine(parts: Sequence[Interval], sd: float, df: int,
+            confidence: float = CONFIDENCE) -> Interval:
+    """The product of independent arm ratios (plans adopted one after another), with the
+    t-interval of the sum of their mean log ratios."""
+    if not parts:
+        raise ValueError("combine needs at least one ratio")
+    m = math.fsum(math.log(p.estimate) for p in parts)
+    n = sum(p.n for p in parts)
+    if df < 1 or not math.isfinite(sd):
+        return Interval(math.exp(m), 0.0, math.inf, n)
+    half = t_quantile(0.5 + confidence / 2, df) * sd * math.sqrt(sum(1 / p.n for p in parts))
+    return Interval(math.exp(m), math.exp(m - half), math.exp(m + half), n)

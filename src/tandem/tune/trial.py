@@ -4,12 +4,21 @@ Each run is a real job in a real process group, launched exactly as a user would
 launch it (`tandem run --nproc-per-node N --plan TRIAL.toml script ...`), with a
 timeout. A crash, an out-of-memory kill, a hang or a nonzero exit becomes a failed
 `RunOutcome` that says why; it never raises.
+
+A trial keeps the job's own evaluation and checkpoint cadence (their cost is part of
+what the user waits for) and sets: its steps, its run name and store, no progress bar,
+no checkpoint at the end, the link calibration in the first window (dropped as warm-up,
+so its cost is never counted), and a logging window of the tuner's size or the job's,
+whichever is more frequent (a job that logs every step pays for it in every trial).
+The checkpoints a trial wrote are deleted once its figures are read.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,11 +32,13 @@ from tandem.config import _toml_value
 from tandem.monitor.store import RunStore
 from tandem.tune import shim
 from tandem.tune.space import DATA_CONTROL
+from tandem.tune.stats import WindowFigure, run_rates
 
 # Flags every trial sets itself; the same flags among the script's own are dropped.
 OWN_FLAGS = ("train.steps", "monitor.log_every", "run.dir", "run.name", "run.resume",
-             "monitor.store", "monitor.progress", "checkpoint.at_end", "checkpoint.every",
-             "train.eval_every")
+             "monitor.store", "monitor.progress", "checkpoint.at_end",
+             "monitor.calibrate_at")
+CALIBRATE_AT = 1  # the link's cost is measured in the first window, which warm-up drops
 TAIL_CHARS = 2000
 POLL_S = 1.0  # how often a watched run is looked at
 
@@ -40,11 +51,17 @@ class RunOutcome:
     ok: bool
     run_id: str = ""
     rates: list[float] = field(default_factory=list)  # samples/s per logging window
+    windows: list[WindowFigure] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)  # (step, window loss)
     wall_s: float = 0.0
     error: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False  # the watcher ended the run early (a pruned trial)
+
+    @property
+    def figures(self) -> dict[str, float]:
+        """The run's steady throughput, {'wall': samples/s, 'step': samples/s}."""
+        return run_rates(self.windows)
 
 
 def plan_toml(changes: Mapping[str, Any], header: Sequence[str] = ()) -> str:
@@ -92,37 +109,49 @@ class TrialRunner:
     timeout_s: float = 300.0
     env: dict[str, str] = field(default_factory=dict)
     runs: int = 0  # runs launched so far
+    job_log_every: int | None = None  # the job's own monitor.log_every, once known
 
     def command(self, name: str, plan_file: Path, steps: int, log_every: int,
-                control: str, drop: Sequence[str], eval_every: int = 0) -> list[str]:
-        """The `tandem run` command line of one trial run."""
-        args = strip_flags(self.script_args, [*OWN_FLAGS, *drop])
+                control: str, drop: Sequence[str], eval_every: int | None = None,
+                calibrate_at: int = CALIBRATE_AT) -> list[str]:
+        """The `tandem run` command line of one trial run (`eval_every` None: the job's)."""
+        own = [*OWN_FLAGS, *drop, *(["train.eval_every"] if eval_every is not None else [])]
+        args = strip_flags(self.script_args, own)
         script = [self.script]
         if control == DATA_CONTROL:
             script = [shim.__file__, self.script]
-        return [sys.executable, "-m", "tandem.cli", "run", "--nproc-per-node", str(self.nproc),
-                "--plan", str(plan_file), *script, *args,
-                "--train.steps", str(steps), "--monitor.log_every", str(log_every),
-                "--run.dir", str(self.work_dir / "runs"), "--run.name", name,
-                "--run.resume", "never", "--monitor.store", str(self.store_path),
-                "--monitor.progress", "off", "--checkpoint.at_end", "false",
-                "--checkpoint.every", "0", "--train.eval_every", str(eval_every)]
+        cmd = [sys.executable, "-m", "tandem.cli", "run", "--nproc-per-node", str(self.nproc),
+               "--plan", str(plan_file), *script, *args,
+               "--train.steps", str(steps), "--monitor.log_every", str(log_every),
+               "--run.dir", str(self.work_dir / "runs"), "--run.name", name,
+               "--run.resume", "never", "--monitor.store", str(self.store_path),
+               "--monitor.progress", "off", "--checkpoint.at_end", "false",
+               "--monitor.calibrate_at", str(calibrate_at)]
+        if eval_every is not None:
+            cmd += ["--train.eval_every", str(eval_every)]
+        return cmd
 
     def run(self, name: str, changes: Mapping[str, Any], steps: int, log_every: int,
-            control: str = "", eval_every: int = 0,
+            control: str = "", eval_every: int | None = None,
             watch: Callable[[], bool] | None = None) -> RunOutcome:
         """Run the script for `steps` steps under base plan + `changes`; never raises.
 
+        The logging window is `log_every` steps, or the plan's own monitor.log_every
+        when that is more frequent (`job_log_every`, else the value in `changes`).
         `watch`, when given, is called every POLL_S seconds while the run goes; when it
         returns True the run is stopped there (`RunOutcome.stopped`).
         """
         self.runs += 1
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        plan = {**self.base_plan, **changes}
+        # Calibration happens in every trial unless the arm itself turns it off (the
+        # no-communication control: nothing to calibrate).
+        calibrate_at = CALIBRATE_AT if changes.get("monitor.calibrate_at", 1) else 0
         plan_file = self.work_dir / f"{name}.toml"
-        plan_file.write_text(plan_toml({**self.base_plan, **changes}, [f"trial run {name}"]))
+        plan_file.write_text(plan_toml(plan, [f"trial run {name}"]))
         # A script flag would win over the plan file: drop those the trial changes.
-        cmd = self.command(name, plan_file, steps, log_every, control, list(changes),
-                           eval_every)
+        cmd = self.command(name, plan_file, steps, self.window(changes, log_every), control,
+                           list(changes), eval_every, calibrate_at)
         log_file = self.work_dir / f"{name}.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                **self.env}
@@ -133,6 +162,7 @@ class TrialRunner:
             code, error, stopped = self._wait(proc, started, watch)
         outcome = self.read(name)
         outcome.wall_s, outcome.stopped = time.monotonic() - started, stopped
+        shutil.rmtree(self.work_dir / "runs" / name / "checkpoints", ignore_errors=True)
         if code is not None and code != 0 and not stopped:
             how = f"signal {-code}" if code < 0 else f"exit status {code}"
             error = f"{how}: {_tail(log_file)}"
@@ -142,6 +172,35 @@ class TrialRunner:
             outcome.ok = False
             outcome.error = outcome.error or f"no throughput recorded: {_tail(log_file)}"
         return outcome
+
+    def window(self, changes: Mapping[str, Any], log_every: int) -> int:
+        """A trial's logging window: `log_every`, or the plan's own when more frequent."""
+        own = (changes.get("monitor.log_every") or self.job_log_every
+               or self.base_plan.get("monitor.log_every") or log_every)
+        return min(int(log_every), int(own))
+
+    def resolve(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """The job's resolved settings, flat ({'train.micro_batch': 0, ...}), read without
+        training (`shim.py --resolve`); {} when the script cannot tell them."""
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        plan_file = self.work_dir / "resolve-plan.toml"
+        plan_file.write_text(plan_toml(self.base_plan, ["the job's own plan"]))
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               **self.env, "TANDEM_PLAN": str(plan_file)}
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(key, None)
+        try:
+            proc = subprocess.run([sys.executable, shim.__file__, "--resolve", self.script,
+                                   *self.script_args], capture_output=True, text=True,
+                                  env=env, timeout=timeout_s, cwd=self.work_dir)
+        except subprocess.TimeoutExpired:
+            return {}
+        for line in proc.stdout.splitlines():
+            if line.startswith(shim.RESOLVED_MARK):
+                tree = json.loads(line[len(shim.RESOLVED_MARK):])
+                return {f"{s}.{k}": v for s, values in tree.items() if isinstance(values, dict)
+                        for k, v in values.items()}
+        return {}
 
     def _wait(self, proc: subprocess.Popen, started: float,
               watch: Callable[[], bool] | None) -> tuple[int | None, str, bool]:
@@ -169,13 +228,33 @@ class TrialRunner:
             except ValueError:
                 return RunOutcome(name, ok=False, error="the run never started")
             rid = run["run_id"]
-            rates = [m["value"] for m in store.metrics(rid, name="samples_per_s", rank=-1)]
+            rate_rows = store.metrics(rid, name="samples_per_s", rank=-1)
+            step_s = {m["step"]: m["value"] for m in store.metrics(rid, name="time/step",
+                                                                   rank=-1)}
             losses = [(m["step"], m["value"]) for m in store.metrics(rid, name="loss", rank=-1)]
         return RunOutcome(name, ok=run["status"] == "completed", run_id=rid,
-                          rates=[r for r in rates if math.isfinite(r)], losses=losses,
+                          rates=[m["value"] for m in rate_rows if math.isfinite(m["value"])],
+                          windows=windows_of(rate_rows, step_s), losses=losses,
                           summary=run.get("summary") or {},
                           error="" if run["status"] == "completed" else
                           f"run status {run['status']}")
+
+
+def windows_of(rate_rows: Sequence[Mapping[str, Any]],
+               step_s: Mapping[int, float]) -> list[WindowFigure]:
+    """Each window's samples, training seconds and closing time, from its samples/s rows
+    and its seconds per step (samples = rate x seconds per step x steps in the window)."""
+    out: list[WindowFigure] = []
+    previous = 0
+    for row in sorted(rate_rows, key=lambda r: r["step"]):
+        step, rate, per_step = row["step"], row["value"], step_s.get(row["step"])
+        steps = step - previous
+        previous = step
+        if per_step is None or not (math.isfinite(rate) and math.isfinite(per_step)):
+            continue
+        busy = per_step * steps
+        out.append(WindowFigure(step, rate * busy, busy, float(row["time"])))
+    return out
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -1,0 +1,117 @@
+"""Paired arms and the session's noise, on a simulated machine with run-to-run noise.
+
+Each simulated run's throughput is its plan's true rate x a slow drift x lognormal noise
+(independent per run), the model the statistics assume; the tests count how often the
+tuner's decision procedure (placebo first, then an arm judged pair by pair) adopts a
+change that does nothing, and how often it adopts a real gain.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from tandem.tune import stats
+from tandem.tune.arms import PLACEBO, Arm, Bench
+from tandem.tune.trial import RunOutcome
+
+
+class Machine:
+    """Runs whose figures are rate(plan) x drift x exp(N(0, sigma))."""
+
+    def __init__(self, rates: Mapping[str, float], sigma: float, seed: int,
+                 drift: float = 0.0) -> None:
+        self.rates, self.sigma, self.drift = dict(rates), sigma, drift
+        self.rng = random.Random(seed)
+        self.launched: list[tuple[str, dict[str, Any]]] = []
+
+    def launch(self, tag: str, changes: Mapping[str, Any], control: str) -> RunOutcome:
+        self.launched.append((tag, dict(changes)))
+        key = ",".join(f"{k}={v}" for k, v in sorted(changes.items()))
+        rate = self.rates.get(key, self.rates[""])
+        rate *= (1 + self.drift) ** len(self.launched)
+        rate *= math.exp(self.rng.gauss(0, self.sigma))
+        return RunOutcome(f"run{len(self.launched)}", ok=True,
+                          summary={"wall": rate, "step": rate})
+
+
+def _session(machine: Machine, changes: dict[str, Any], placebo_pairs: int = 3,
+             max_pairs: int = 4) -> tuple[str, Bench, Arm]:
+    bench = Bench(machine.launch, 0.05, figure_of=lambda run: run.summary)
+    placebo = bench.add(Arm("placebo", PLACEBO, {}, {}))
+    while len(placebo.pairs) < placebo_pairs:
+        assert bench.pair(placebo) == ""
+    arm = bench.add(Arm("cand", "candidate", changes, {}))
+    verdict = "more"
+    while verdict == "more":
+        assert bench.pair(arm) == ""
+        verdict = bench.judge(arm, stats.MIN_PAIRS, max_pairs)
+    return verdict, bench, arm
+
+
+def test_pairs_alternate_order_and_never_share_a_run() -> None:
+    machine = Machine({"": 100.0, "x=1": 150.0}, 0.0, 1)
+    bench = Bench(machine.launch, figure_of=lambda run: run.summary)
+    arm = bench.add(Arm("x", "candidate", {"x": 1}, {}))
+    for _ in range(4):
+        bench.pair(arm)
+    assert [p.arm_first for p in arm.pairs] == [False, True, False, True]
+    assert [tag for tag, _ in machine.launched] == ["ref", "candidate", "candidate", "ref"] * 2
+    names = [r.name for p in arm.pairs for r in (p.reference, p.arm)]
+    assert len(set(names)) == len(names) == 8
+    assert arm.logs() == pytest.approx([math.log(1.5)] * 4)
+
+
+def test_a_change_that_does_nothing_is_not_adopted() -> None:
+    """300 sessions on a machine whose two runs of one plan differ by ~+-15% (per-run sd
+    10%): the placebo floor keeps the adoption rate of an equal plan under 1.7% (a bare
+    95% lower bound over 1 + min_gain, judged pair by pair, adopts about 2.7%)."""
+    wins = sum(_session(Machine({"": 100.0}, 0.10, seed), {"x": 1})[0] == "win"
+               for seed in range(300))
+    assert wins <= 5, wins
+
+
+def test_a_real_gain_is_adopted_and_its_interval_covers_it() -> None:
+    results = [_session(Machine({"": 100.0, "x=1": 200.0}, 0.07, seed), {"x": 1})
+               for seed in range(200)]
+    wins = [r for r in results if r[0] == "win"]
+    assert len(wins) >= 180, len(wins)
+    covered = sum(bench.interval(arm).low <= 2.0 <= bench.interval(arm).high
+                  for _, bench, arm in results)
+    assert covered >= 0.9 * len(results)
+
+
+def test_linear_drift_cancels_across_pairs() -> None:
+    """A machine slowing 3% per run: alternating order keeps a placebo near 1."""
+    machine = Machine({"": 100.0}, 0.0, 3, drift=-0.03)
+    bench = Bench(machine.launch, figure_of=lambda run: run.summary)
+    arm = bench.add(Arm("p", PLACEBO, {}, {}))
+    for _ in range(4):
+        bench.pair(arm)
+    assert math.exp(sum(arm.logs()) / 4) == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_failed_arm_run_is_recorded_and_ends_the_pair() -> None:
+    def launch(tag: str, changes: Mapping[str, Any], control: str) -> RunOutcome:
+        if tag == "candidate":
+            return RunOutcome("bad", ok=False, error="exit status 1")
+        return RunOutcome("ok", ok=True, summary={"wall": 1.0})
+
+    bench = Bench(launch, figure_of=lambda run: run.summary)
+    arm = bench.add(Arm("x", "candidate", {"x": 1}, {}))
+    assert "exit status 1" in bench.pair(arm)
+    assert arm.failure is not None and arm.pairs == []
+    assert bench.judge(arm) == "more" and bench.interval(arm) is None
+
+
+def test_record_holds_the_evidence() -> None:
+    _, bench, arm = _session(Machine({"": 100.0, "x=1": 300.0}, 0.05, 7), {"x": 1})
+    record = bench.record(arm)
+    assert record["pairs"] == len(arm.pairs) and len(record["runs"]) == len(arm.pairs)
+    assert record["medians"]["arm"] > 2 * record["medians"]["reference"]
+    assert record["noise"]["placebo_pairs"] == 3 and record["noise"]["df"] >= 3
+    assert record["ratio"]["low"] > record["noise"]["floor"]
