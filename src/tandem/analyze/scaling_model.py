@@ -19,18 +19,11 @@ and each term is rebuilt at N processes from what the one run measured at N0:
   process CPU in each window (`background_threads`). Four processes on two idle
   cores each get half a core; beside three busy foreign threads one process gets 0.5
   of a core and four get 0.29 each. On CUDA the devices are shared instead: min(1, G / N).
-- **Exposed communication** (`CommModel`): a ring all-reduce of n buffer bytes in b
-  buckets takes 2(N-1) hops, each paying the hop latency and, on a loaded CPU, the wait
-  to be scheduled among the foreign threads (wake x background / C per hop), and each
-  rank sends 2(N-1)/N x n bytes, plus the bucket copies in and out; the bytes' CPU
-  work is divided by the CPU share. A multi-process run fits each part to what it
-  measured (the link's calibrated latency and bandwidth, then the in-band exposed time
-  apportioned to the wait and the copies); a one-process run has no link measurement
-  and uses the priors below.
-- **Sync wait**: ranks leave a collective together, so the mean wait is
-  E[max of N] - E[mean] of their arrival times: sigma x e(N), with e(N) the expected
-  maximum of N standard normals and sigma proportional to the work before the
-  collective (from the run's measured wait; a prior at N0 = 1).
+- **Exposed communication** and **sync wait** (`scaling_comm`): the ring all-reduce's
+  2(N-1) hops and 2(N-1)/N bytes per rank, the bucket copies and the bytes' CPU work at
+  the rank's share of a core, the wake to a busy core; the wait for the last rank as
+  sigma x E[max of N normals]. A multi-process run fits them to what it measured (its
+  calibrated link, its exposed time, its wait); a one-process run uses priors.
 
 What is not modelled: FSDP, local SGD / DiLoCo, tensor parallelism, batch ramps, data
 loader workers' own CPU demand, memory limits, several nodes. A prediction holds for the
@@ -42,23 +35,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cache
-from statistics import NormalDist, median
+from dataclasses import dataclass, field
+from statistics import median
 
-# Priors for a link the run did not measure (a one-process run). CPU: gloo over
-# loopback on this kind of machine (DESIGN.md: ~0.4 ms for a 0.1 MiB all-reduce on 2
-# processes, ~1 GiB/s algorithmic bandwidth); CUDA: NCCL within one node.
-CPU_LINK = {"hop_latency_s": 150e-6, "link_bytes_per_s": 2**30,
-            "wake_s": 2.5e-3, "local_bytes_per_s": 2e9}
-CUDA_LINK = {"hop_latency_s": 20e-6, "link_bytes_per_s": 20e9,
-             "wake_s": 0.0, "local_bytes_per_s": 200e9}
+from tandem.analyze.scaling_comm import (
+    CommModel,
+    WaitModel,
+    comm_model,
+    cpu_share,
+    saturation,
+    wait_model,
+)
+
 HOOK_BYTES = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # buffer bytes per gradient byte
 SATURATED = 0.95  # host CPU utilisation above which every core is taken
-# A rank's spread in arrival time relative to its work, for a one-process run (which
-# cannot tell): multi-process runs on this machine measured 2-7%. A one-process run's
-# step-time spread is no guide: most of it is load that all ranks would share.
-DEFAULT_JITTER = 0.04
+# Core-seconds a rank's forward and backward cost per step beyond their per-sample work
+# when it shares its core (its caches start cold after others ran): MNIST-1D's CNN,
+# timed by thread CPU time at 128, 64 and 32 samples per rank beside other jobs, cost
+# 7 ms + 0.29 ms per sample; on an idle core the per-sample cost alone.
+COLD_START_S = 6e-3
 # Relative uncertainty of each term (one standard deviation, as judged from the model's
 # assumptions): compute per sample grows this much per halving/doubling of the
 # micro-batch; communication fitted from the run vs from priors; the sync wait.
@@ -142,26 +137,6 @@ class Prediction:
                 "other": self.other_s, "wire": self.wire_s, "wait": self.wait_s}
 
 
-@cache
-def expected_max(n: int) -> float:
-    """E[max] of n independent standard normals (0 for n = 1)."""
-    if n <= 1:
-        return 0.0
-    unit, steps, lo, hi = NormalDist(), 2000, -8.0, 8.0
-    width = (hi - lo) / steps
-    total = 0.0
-    for i in range(steps + 1):
-        x = lo + i * width
-        weight = 0.5 if i in (0, steps) else 1.0
-        total += weight * x * n * unit.pdf(x) * unit.cdf(x) ** (n - 1)
-    return total * width
-
-
-def cpu_share(n: int, cores: int, background: float) -> float:
-    """The share of a core each of n CPU-bound ranks gets beside `background` threads."""
-    return min(1.0, cores / (n + max(0.0, background)))
-
-
 def batch_split(fig: RunFigures, n: int) -> tuple[int, int]:
     """(micro-batch, accumulation steps) of the run's global batch on n processes."""
     batch = fig.global_batch
@@ -177,11 +152,12 @@ def batch_split(fig: RunFigures, n: int) -> tuple[int, int]:
 
 
 def _busy_fraction(fig: RunFigures) -> float:
-    """The fraction of a step rank 0 is runnable (not blocked in a collective)."""
+    """The fraction of a step rank 0 is runnable: all but its wait for slower ranks. (On
+    a saturated host the exposed all-reduce is mostly spent runnable, waiting for a
+    core; a rank waiting for a slower peer sleeps.)"""
     if fig.step_s <= 0:
         return 1.0
-    blocked = (fig.comm_exposed_s + fig.sync_wait_s) / fig.step_s
-    return min(1.0, max(0.2, 1.0 - blocked))
+    return min(1.0, max(0.2, 1.0 - fig.sync_wait_s / fig.step_s))
 
 
 def background_threads(fig: RunFigures) -> tuple[float, float, float]:
@@ -208,40 +184,15 @@ def background_threads(fig: RunFigures) -> tuple[float, float, float]:
     return median(estimates), estimates[q // 4], estimates[-(q // 4) - 1]
 
 
-@dataclass(frozen=True, kw_only=True)
-class CommModel:
-    """Exposed all-reduce seconds per step at any size (see the module docstring)."""
-
-    buffer_bytes: float
-    buckets: float
-    hop_latency_s: float
-    link_bytes_per_s: float
-    wake_s: float
-    local_bytes_per_s: float
-    exposure: float = 1.0
-    """Fraction of the all-reduce not hidden behind backward."""
-    fitted: bool = False
-
-    def parts(self, n: int, share: float, background: float,
-              cores: int) -> tuple[float, float]:
-        """(per-hop seconds, per-byte seconds) of one step's all-reduces at n ranks."""
-        if n <= 1:
-            return 0.0, 0.0
-        hops = 2 * (n - 1) * self.buckets
-        per_hop = hops * (self.hop_latency_s + self.wake_s * max(0.0, background) / cores)
-        sent = 2 * (n - 1) / n * self.buffer_bytes
-        per_byte = (sent / self.link_bytes_per_s
-                    + self.buffer_bytes / self.local_bytes_per_s) / share
-        return per_hop, per_byte
-
-    def exposed(self, n: int, share: float, background: float, cores: int) -> float:
-        """Exposed seconds per step at n ranks."""
-        return self.exposure * sum(self.parts(n, share, background, cores))
+def _share(fig: RunFigures, n: int, background: float) -> float:
+    """The share of a compute unit each of n ranks gets (cores on CPU, devices on CUDA)."""
+    if fig.device == "cuda":
+        return min(1.0, max(fig.devices, 1) / n)
+    return cpu_share(n, fig.cores, background)
 
 
-def comm_model(fig: RunFigures, background: float) -> CommModel:
-    """The run's communication, fitted to what it measured when it had several ranks."""
-    prior = CUDA_LINK if fig.device == "cuda" else CPU_LINK
+def _models(fig: RunFigures, source: float) -> tuple[CommModel, WaitModel]:
+    """The run's communication and wait, fitted beside `source` foreign threads."""
     n0 = fig.world_size
     if n0 > 1 and fig.bytes_per_step:
         buffer = fig.bytes_per_step / (2 * (n0 - 1) / n0)
@@ -251,64 +202,31 @@ def comm_model(fig: RunFigures, background: float) -> CommModel:
                              f"tell its bytes; modelled: {', '.join(HOOK_BYTES)}")
         buffer = fig.grad_bytes * HOOK_BYTES[fig.comm_hook]
     buckets = fig.buckets_per_step or max(1.0, math.ceil(buffer / fig.bucket_bytes))
-    link = dict(prior)
-    if n0 > 1 and fig.latency_s is not None and fig.allreduce_bytes_per_s:
-        link["hop_latency_s"] = fig.latency_s / (2 * (n0 - 1))
-        link["link_bytes_per_s"] = fig.allreduce_bytes_per_s * 2 * (n0 - 1) / n0
-    model = CommModel(buffer_bytes=buffer, buckets=buckets, **link)
-    if n0 <= 1:
-        return replace(model, exposure=_overlap(model, fig, background))
-    return _fit_exposed(model, fig, background)
+    host = cpu_share(n0, fig.cores, source)
+    comm = comm_model(world=n0, device=fig.device, buffer_bytes=buffer, buckets=buckets,
+                      latency_s=fig.latency_s, allreduce_bytes_per_s=fig.allreduce_bytes_per_s,
+                      exposed_s=fig.comm_exposed_s, backward_s=fig.backward_s,
+                      cores=fig.cores, background=source,
+                      share=host if fig.device == "cpu" else 1.0)
+    wait = wait_model(world=n0, sync_wait_s=fig.sync_wait_s,
+                      work_s=fig.compute_s + fig.data_s + fig.other_s, cores=fig.cores,
+                      background=source)
+    return comm, wait
 
 
-def _overlap(model: CommModel, fig: RunFigures, background: float) -> float:
-    """Exposed fraction without a measurement: the last bucket's all-reduce is exposed,
-    the earlier ones hide behind the backward that follows them, as far as it lasts."""
-    if model.buckets <= 1:
-        return 1.0
-    n = 2 if fig.device == "cpu" else min(2, max(fig.devices, 1))
-    total = model.exposed(n, cpu_share(n, fig.cores, background), background, fig.cores)
-    earlier = total * (model.buckets - 1) / model.buckets
-    hidden = min(earlier, fig.backward_s * (model.buckets - 1) / model.buckets)
-    return max(1.0 / model.buckets, 1.0 - hidden / total) if total > 0 else 1.0
+def _cold(fig: RunFigures, n: int, background: float) -> float:
+    """A step's cold start in core-seconds at n ranks (0 while every rank has a core)."""
+    if fig.device != "cpu":
+        return 0.0
+    return COLD_START_S * saturation(n, fig.cores, background)
 
 
-def _fit_exposed(model: CommModel, fig: RunFigures, background: float) -> CommModel:
-    """Scale the parts the calibration cannot see (the wait to be scheduled, the bucket
-    copies) so that the model gives the exposed time the run measured at N0."""
-    n0, cores = fig.world_size, fig.cores
-    share = _share(fig, n0, background)
-    hops = 2 * (n0 - 1) * model.buckets
-    sent = 2 * (n0 - 1) / n0 * model.buffer_bytes
-    wire = hops * model.hop_latency_s + sent / model.link_bytes_per_s / share
-    wake = hops * model.wake_s * max(0.0, background) / cores
-    local = model.buffer_bytes / model.local_bytes_per_s / share
-    measured = fig.comm_exposed_s
-    if measured >= wire:
-        scale = (measured - wire) / (wake + local) if wake + local > 0 else 0.0
-        return replace(model, wake_s=model.wake_s * scale,
-                       local_bytes_per_s=model.local_bytes_per_s / max(scale, 1e-9),
-                       fitted=True)
-    # Less exposed than the bare wire: backward hid the rest.
-    return replace(model, wake_s=0.0, local_bytes_per_s=math.inf,
-                   exposure=measured / wire if wire > 0 else 1.0, fitted=True)
-
-
-def _share(fig: RunFigures, n: int, background: float) -> float:
-    """The share of a compute unit each of n ranks gets (cores on CPU, devices on CUDA)."""
-    if fig.device == "cuda":
-        return min(1.0, max(fig.devices, 1) / n)
-    return cpu_share(n, fig.cores, background)
-
-
-def _jitter(fig: RunFigures) -> float:
-    """A rank's spread in pre-collective work, relative to that work."""
-    pre = fig.compute_s + fig.data_s + fig.other_s
-    if pre <= 0:
-        return DEFAULT_JITTER
-    if fig.world_size > 1:
-        return fig.sync_wait_s / expected_max(fig.world_size) / pre
-    return DEFAULT_JITTER
+def _compute(fig: RunFigures, n: int, measured: float, cold0: float, cold: float) -> float:
+    """Core-seconds of a rank's forward and backward at n ranks, from the run's
+    `measured` core-seconds: per sample, plus the cold start (`cold0` in the run,
+    `cold` at n ranks)."""
+    per_sample = max(0.1 * measured, measured - cold0) / (fig.global_batch / fig.world_size)
+    return per_sample * fig.global_batch / n + cold
 
 
 def _terms(fig: RunFigures, n: int, source: float, target: float) -> dict[str, float]:
@@ -320,12 +238,13 @@ def _terms(fig: RunFigures, n: int, source: float, target: float) -> dict[str, f
     host0 = cpu_share(n0, fig.cores, source)
     host = cpu_share(n, fig.cores, target)
     per_rank = n0 / n  # each rank's share of the global batch, relative to the run's
-    compute = fig.compute_s * per_rank * work0 / work
+    compute = _compute(fig, n, work0 * fig.compute_s, _cold(fig, n0, source),
+                       _cold(fig, n, target)) / work
     data = fig.data_s * per_rank * host0 / host
     other = fig.other_s * host0 / host
-    comm = comm_model(fig, source)
+    comm, waits = _models(fig, source)
     wire = comm.exposed(n, host if fig.device == "cpu" else 1.0, target, fig.cores)
-    wait = _jitter(fig) * (compute + data + other) * expected_max(n)
+    wait = waits.wait(n, compute + data + other, fig.cores, target)
     return {"compute": compute, "data": data, "optim": fig.optim_s * work0 / work,
             "other": other, "wire": wire, "wait": wait, "share": work,
             "accum": float(accum), "fitted": float(comm.fitted)}
