@@ -7,22 +7,28 @@ from pathlib import Path
 
 import pytest
 
+from tandem.analyze.scaling_comm import (
+    CPU_LINK,
+    JITTER_PER_WORK,
+    JITTER_SCHEDULED_S,
+    cpu_share,
+    expected_max,
+    saturation,
+)
 from tandem.analyze.scaling_inputs import figures_from_run, run_figures, steady_steps
 from tandem.analyze.scaling_model import (
-    CPU_LINK,
-    DEFAULT_JITTER,
+    COLD_START_S,
+    WAKE_CREDIT_S,
     RunFigures,
     background_threads,
     batch_split,
-    cpu_share,
-    expected_max,
     predict,
     throughput_points,
 )
 from tandem.monitor.store import RunStore
 
-A, BETA, KAPPA, GAMMA = (CPU_LINK[k] for k in ("hop_latency_s", "link_bytes_per_s",
-                                               "wake_s", "local_bytes_per_s"))
+A, BETA, WAKE, GAMMA = (CPU_LINK[k] for k in ("hop_latency_s", "link_bytes_per_s",
+                                              "wake_s", "local_bytes_per_s"))
 GRAD = 1_000_000.0  # gradient bytes
 
 
@@ -44,15 +50,23 @@ def test_expected_maximum_of_normals_matches_known_values() -> None:
     assert expected_max(4) == pytest.approx(1.029375, rel=1e-5)
 
 
+def test_saturation_and_share_by_hand() -> None:
+    assert cpu_share(2, 2, 0.0) == 1.0 and cpu_share(4, 2, 0.0) == 0.5
+    assert cpu_share(1, 2, 3.0) == 0.5
+    assert saturation(2, 2, 0.0) == 0.0 and saturation(3, 2, 0.0) == 0.5
+    assert saturation(4, 2, 0.0) == 1.0 and saturation(1, 2, 9.0) == 1.0
+
+
 def test_idle_machine_from_one_process() -> None:
     fig = one_process()
     assert background_threads(fig) == (0.0, 0.0, 0.0)  # 2 x 0.5 busy = our one core
     got = predict(fig, [1, 2, 4])
     assert got[1].step_s == pytest.approx(0.112)
-    # Two ranks: one core each, half the samples each, the ring over 2 hops.
+    # Two ranks: one core each, half the samples each, the ring over 2 hops, no foreign
+    # thread to wake past and no cold start.
     wire2 = 2 * A + (1.0 * GRAD / BETA + GRAD / GAMMA)
     pre2 = 0.050 + 0.002 + 0.002
-    wait2 = DEFAULT_JITTER * pre2 * expected_max(2)
+    wait2 = JITTER_PER_WORK * pre2 * expected_max(2)
     p2 = got[2]
     assert p2.cpu_share == 1.0
     assert (p2.compute_s, p2.data_s, p2.optim_s, p2.other_s) == pytest.approx(
@@ -60,14 +74,18 @@ def test_idle_machine_from_one_process() -> None:
     assert p2.wire_s == pytest.approx(wire2)
     assert p2.wait_s == pytest.approx(wait2)
     assert p2.samples_per_s == pytest.approx(128 / (pre2 + 0.006 + wire2 + wait2))
-    # Four ranks on two cores: half a core each, so a rank's quarter of the batch takes
-    # as long as half of it did on a whole core; the bytes' work too.
+    # Four ranks on two cores: half a core each, and a cold start each step; the bytes'
+    # work at half a core too. The optimizer runs first after the collective: its first
+    # WAKE_CREDIT_S (5 ms of its 6) at full speed.
+    assert WAKE_CREDIT_S == 0.005
     p4 = got[4]
+    compute4 = (0.100 / 4 + COLD_START_S) / 0.5
     assert p4.cpu_share == 0.5
     assert (p4.compute_s, p4.data_s, p4.optim_s, p4.other_s) == pytest.approx(
-        (0.050, 0.002, 0.012, 0.004))
+        (compute4, 0.002, 0.005 + 0.001 / 0.5, 0.004))
     assert p4.wire_s == pytest.approx(6 * A + (1.5 * GRAD / BETA + GRAD / GAMMA) / 0.5)
-    assert p4.wait_s == pytest.approx(DEFAULT_JITTER * 0.056 * expected_max(4))
+    sigma4 = JITTER_PER_WORK * (compute4 + 0.006) + JITTER_SCHEDULED_S
+    assert p4.wait_s == pytest.approx(sigma4 * expected_max(4))
     for p in got.values():
         assert p.low <= p.samples_per_s <= p.high
         assert p.step_s == pytest.approx(sum(p.breakdown.values()))
@@ -80,15 +98,20 @@ def test_saturated_machine_shares_cores_with_foreign_threads() -> None:
     assert background_threads(fig) == pytest.approx((4.0, 4.0, 4.0))
     p2 = predict(fig, [2])[2]
     share = 2 / (2 + 4)
+    per_sample = (0.100 * 0.4 - COLD_START_S) / 128  # core-seconds, cold start apart
     assert p2.cpu_share == pytest.approx(share)
-    assert p2.compute_s == pytest.approx(0.100 / 2 * 0.4 / share)
-    assert p2.optim_s == pytest.approx(0.006 * 0.4 / share)
-    assert p2.wire_s == pytest.approx(2 * (A + KAPPA * 4 / 2)
+    # After the collective the rank runs 5 ms at full speed: the optimizer (2.4 ms of
+    # core time), the loop (0.8), the data (0.8), then 1 ms of the compute.
+    assert (p2.optim_s, p2.other_s, p2.data_s) == pytest.approx((0.0024, 0.0008, 0.0008))
+    assert p2.compute_s == pytest.approx(
+        0.001 + (per_sample * 64 + COLD_START_S - 0.001) / share)
+    assert p2.wire_s == pytest.approx(2 * A + WAKE * 4 / 2
                                       + (GRAD / BETA + GRAD / GAMMA) / share)
-    # On a dedicated machine the same run's work takes 0.4 of its measured time.
+    # On a dedicated machine the same work runs on a whole core each, without the cold
+    # start of a shared core.
     alone = predict(fig, [1, 2], background=0.0)
-    assert alone[1].compute_s == pytest.approx(0.040)
-    assert alone[2].compute_s == pytest.approx(0.020)
+    assert alone[1].compute_s == pytest.approx(per_sample * 128)
+    assert alone[2].compute_s == pytest.approx(per_sample * 64)
 
 
 def test_fixed_micro_batch_accumulates_and_bad_sizes_are_refused() -> None:
@@ -107,37 +130,44 @@ def two_process() -> RunFigures:
     """A 2-process run beside 2 foreign threads (host saturated, 0.5 core per rank while
     runnable) with a calibrated link and 30 ms of exposed communication."""
     return RunFigures(
-        world_size=2, global_batch=128, micro_batch=64, cores=2, step_s=0.100,
-        compute_s=0.060, data_s=0.002, optim_s=0.004, comm_exposed_s=0.030,
+        world_size=2, global_batch=128, micro_batch=64, cores=2, step_s=0.104,
+        compute_s=0.060, data_s=0.002, optim_s=0.008, comm_exposed_s=0.030,
         sync_wait_s=0.004, grad_bytes=GRAD, bytes_per_step=GRAD, buckets_per_step=1.0,
-        latency_s=0.001, allreduce_bytes_per_s=1e9, samples_per_s=1280.0,
+        latency_s=0.001, allreduce_bytes_per_s=1e9, samples_per_s=128 / 0.104,
         host_cpu=(1.0,) * 5, process_cpu=(0.33,) * 5)
 
 
 def test_multi_process_run_fits_its_exposed_communication() -> None:
     fig = two_process()
-    busy = 1 - (0.030 + 0.004) / 0.100
+    busy = 1 - 0.004 / 0.104  # all but the wait for the slower rank
     foreign = 2 / (0.33 / busy) - 2
     assert background_threads(fig)[0] == pytest.approx(foreign)
     got = predict(fig, [1, 2, 4])
     assert got[2].wire_s == pytest.approx(0.030)  # the fit reproduces the run
-    assert got[2].step_s == pytest.approx(0.100)
+    assert got[2].wait_s == pytest.approx(0.004)
+    assert got[2].step_s == pytest.approx(0.104)
     assert got[1].wire_s == 0.0 and got[1].wait_s == 0.0
     # By hand: the calibrated link gives the hop latency (1 ms over 2 hops) and the link
     # rate (1e9 B/s at 2(N-1)/N = 1); what the run exposed beyond that wire is shared
-    # between the wait to be scheduled and the bucket copies in proportion to the
-    # priors, and each part then scales with its own law at 4 ranks.
+    # between the wake and the bucket copies in proportion to their priors, and each
+    # part then follows its own law at 4 ranks.
     s2, s4 = cpu_share(2, 2, foreign), cpu_share(4, 2, foreign)
     wire = 2 * 0.0005 + GRAD / 1e9 / s2
-    wake, local = 2 * KAPPA * foreign / 2, GRAD / GAMMA / s2
+    wake, local = WAKE * foreign / 2, GRAD / GAMMA / s2
     scale = (0.030 - wire) / (wake + local)
-    expect4 = (6 * (0.0005 + KAPPA * scale * foreign / 2)
+    expect4 = (6 * 0.0005 + WAKE * scale * foreign / 2
                + (1.5 * GRAD / 1e9 + GRAD * scale / GAMMA) / s4)
     assert got[4].wire_s == pytest.approx(expect4)
-    assert got[4].compute_s == pytest.approx(0.060 / 2 * s2 / s4)
-    sigma = 0.004 / expected_max(2) / (0.060 + 0.002 + fig.other_s)
-    assert got[4].wait_s == pytest.approx(
-        sigma * (got[4].compute_s + got[4].data_s + got[4].other_s) * expected_max(4))
+    per_sample = (0.060 * s2 - COLD_START_S) / 64
+    compute4 = (per_sample * 32 + COLD_START_S) / s4
+    assert got[4].compute_s == pytest.approx(compute4)
+    # The optimizer's first 5 ms ran at full speed after the all-reduce, at 2 ranks and 4.
+    assert got[4].optim_s == pytest.approx(0.005 + 0.003 * s2 / s4)
+    prior2 = (JITTER_PER_WORK * 0.062 + JITTER_SCHEDULED_S) * expected_max(2)
+    work4 = compute4 + got[4].data_s + got[4].other_s
+    expect_wait = (0.004 / prior2 * (JITTER_PER_WORK * work4 + JITTER_SCHEDULED_S)
+                   * expected_max(4))
+    assert got[4].wait_s == pytest.approx(expect_wait)
     assert throughput_points(got) == [(n, got[n].samples_per_s) for n in (1, 2, 4)]
 
 

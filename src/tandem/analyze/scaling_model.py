@@ -11,7 +11,11 @@ and each term is rebuilt at N processes from what the one run measured at N0:
   at N. compute and data scale with the samples each rank handles per step (the global
   batch is the contract: B / N per rank, as k micro-batches of m); optim and other are
   per step (DDP replicates the optimizer). Per-micro-batch overhead is not separated
-  from per-sample cost: the interval widens with |log2(m / m0)|.
+  from per-sample cost: the interval widens with |log2(m / m0)|. Two effects of sharing a
+  core are added: a rank whose core is shared pays a cold start each step
+  (`COLD_START_S` core-seconds: its caches were emptied by others), and a rank that
+  slept in the step's collective runs its first `WAKE_CREDIT_S` at full speed after it
+  (the optimizer, the loop, the data) before it is back to its fair share.
 - **CPU share** (`cpu_share`): one thread per process, C cores, and `background`
   foreign CPU-bound threads: every runnable thread gets min(1, C / (N + background))
   of a core while the N ranks compute together (the kernel's fair share). The
@@ -54,6 +58,11 @@ SATURATED = 0.95  # host CPU utilisation above which every core is taken
 # timed by thread CPU time at 128, 64 and 32 samples per rank beside other jobs, cost
 # 7 ms + 0.29 ms per sample; on an idle core the per-sample cost alone.
 COLD_START_S = 6e-3
+# Core-seconds a rank runs at full speed when it wakes from the step's collective, before
+# it is back to its fair share (the scheduler favours a task that slept): on the same
+# machine a 2-rank DDP step's optimizer, right after the all-reduce, ran at ~0.75 of a
+# core beside other jobs while the fair share was ~0.3.
+WAKE_CREDIT_S = 5e-3
 # Relative uncertainty of each term (one standard deviation, as judged from the model's
 # assumptions): compute per sample grows this much per halving/doubling of the
 # micro-batch; communication fitted from the run vs from priors; the sync wait.
@@ -229,25 +238,53 @@ def _compute(fig: RunFigures, n: int, measured: float, cold0: float, cold: float
     return per_sample * fig.global_batch / n + cold
 
 
+def _credit(fig: RunFigures, n: int) -> float:
+    """Core-seconds a rank runs at full speed after it slept in the step's collective."""
+    return WAKE_CREDIT_S if fig.device == "cpu" and n > 1 else 0.0
+
+
+def _core_seconds(walls: Sequence[tuple[float, float]], credit: float) -> list[float]:
+    """Core-seconds of phases (wall seconds, share), in the order they run after the
+    collective: the first `credit` core-seconds ran at full speed."""
+    out = []
+    for wall, share in walls:
+        fast = min(wall, credit)
+        credit -= fast
+        out.append(fast + (wall - fast) * share)
+    return out
+
+
+def _walls(work: Sequence[tuple[float, float]], credit: float) -> list[float]:
+    """Wall seconds of phases (core-seconds, share): the inverse of `_core_seconds`."""
+    out = []
+    for seconds, share in work:
+        fast = min(seconds, credit)
+        credit -= fast
+        out.append(fast + (seconds - fast) / share)
+    return out
+
+
 def _terms(fig: RunFigures, n: int, source: float, target: float) -> dict[str, float]:
     """Seconds per step of each term at n ranks: the run measured beside `source` foreign
     threads, the prediction is for `target` of them."""
     n0 = fig.world_size
     _, accum = batch_split(fig, n)
     work0, work = _share(fig, n0, source), _share(fig, n, target)
-    host0 = cpu_share(n0, fig.cores, source)
-    host = cpu_share(n, fig.cores, target)
-    per_rank = n0 / n  # each rank's share of the global batch, relative to the run's
-    compute = _compute(fig, n, work0 * fig.compute_s, _cold(fig, n0, source),
-                       _cold(fig, n, target)) / work
-    data = fig.data_s * per_rank * host0 / host
-    other = fig.other_s * host0 / host
+    host0, host = cpu_share(n0, fig.cores, source), cpu_share(n, fig.cores, target)
+    # The phases in the order they run after the collective (optimizer first).
+    optim, other, data0, compute0 = _core_seconds(
+        [(fig.optim_s, work0), (fig.other_s, host0), (fig.data_s, host0),
+         (fig.compute_s, work0)], _credit(fig, n0))
+    compute = _compute(fig, n, compute0, _cold(fig, n0, source), _cold(fig, n, target))
+    data = data0 * n0 / n  # each rank's share of the global batch, relative to the run's
+    walls = _walls([(optim, work), (other, host), (data, host), (compute, work)],
+                   _credit(fig, n))
     comm, waits = _models(fig, source)
     wire = comm.exposed(n, host if fig.device == "cpu" else 1.0, target, fig.cores)
-    wait = waits.wait(n, compute + data + other, fig.cores, target)
-    return {"compute": compute, "data": data, "optim": fig.optim_s * work0 / work,
-            "other": other, "wire": wire, "wait": wait, "share": work,
-            "accum": float(accum), "fitted": float(comm.fitted)}
+    wait = waits.wait(n, walls[1] + walls[2] + walls[3], fig.cores, target)
+    return {"optim": walls[0], "other": walls[1], "data": walls[2], "compute": walls[3],
+            "wire": wire, "wait": wait, "share": work, "accum": float(accum),
+            "fitted": float(comm.fitted)}
 
 
 def _spread(fig: RunFigures, n: int, terms: dict[str, float]) -> float:
