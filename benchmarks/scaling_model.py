@@ -12,6 +12,7 @@ core count) and the prediction is compared with the runs measured at that size:
   samples/s over the target runs, and its error;
 - **paired**: each source run against the target run of the same repeat (minutes
   apart), the median and the range of those errors;
+- **in interval**: how many of those target runs fell inside the source's interval;
 - **oracle load**: the same pairs, but told the foreign load the target run saw (from
   that run's CPU figures): what is left is the model's error, not the machine's drift.
 
@@ -101,12 +102,14 @@ def compare(figs: dict[tuple[int, int], RunFigures], sizes: list[int]) -> list[l
             preds = [predict_one(f, n) for f in sources]
             p_med = statistics.median(p.samples_per_s for p in preds)
             m_med = statistics.median(t.samples_per_s for t in targets)
-            paired, oracle = [], []
+            paired, oracle, inside = [], [], 0
             for r in repeats:
                 if (n0, r) not in figs or (n, r) not in figs:
                     continue
                 src, tgt = figs[(n0, r)], figs[(n, r)]
-                paired.append(_err(predict_one(src, n).samples_per_s, tgt.samples_per_s))
+                guess = predict_one(src, n)
+                paired.append(_err(guess.samples_per_s, tgt.samples_per_s))
+                inside += guess.low <= tgt.samples_per_s <= guess.high
                 told = background_threads(tgt)[0]
                 oracle.append(_err(predict_one(src, n, told).samples_per_s,
                                    tgt.samples_per_s))
@@ -116,7 +119,7 @@ def compare(figs: dict[tuple[int, int], RunFigures], sizes: list[int]) -> list[l
                          f"{m_med:,.1f}", _pct(_err(p_med, m_med)),
                          f"{_pct(statistics.median(paired))} "
                          f"({_pct(min(paired))} .. {_pct(max(paired))})",
-                         _pct(statistics.median(oracle))])
+                         f"{inside}/{len(paired)}", _pct(statistics.median(oracle))])
     return rows
 
 
@@ -127,7 +130,8 @@ def report(out: Path, names: dict[str, dict[tuple[int, int], str]], sizes: list[
     for example, by_key in names.items():
         figs = {key: run_figures(store, name) for key, name in by_key.items()}
         header = ["run N0 -> N", "predicted samples/s [interval]", "measured",
-                  "error (medians)", "paired error (range)", "oracle-load error"]
+                  "error (medians)", "paired error (range)", "in interval",
+                  "oracle-load error"]
         print(f"\n{example}\n")
         print(table(header, compare(figs, sizes)))
         for n in sizes:

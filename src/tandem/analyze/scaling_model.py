@@ -32,7 +32,7 @@ and each term is rebuilt at N processes from what the one run measured at N0:
 What is not modelled: FSDP, local SGD / DiLoCo, tensor parallelism, batch ramps, data
 loader workers' own CPU demand, memory limits, several nodes. A prediction holds for the
 background the run saw; the interval spans the background's quartiles over the run's
-windows and each term's stated uncertainty, not a change of the machine's load after it.
+windows, its drift by +-20% since, and each term's stated uncertainty.
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ WAKE_CREDIT_S = 5e-3
 # micro-batch; communication fitted from the run vs from priors; the sync wait.
 U_WORK, U_PER_OCTAVE, U_STEP = 0.04, 0.06, 0.10
 U_COMM_FIT, U_COMM_PRIOR, U_WAIT = 0.30, 0.60, 0.50
+# How far the foreign load may have moved between the run and the prediction's use:
+# interleaved runs minutes apart on the shared 2-core machine saw backgrounds +-20% apart.
+BACKGROUND_DRIFT = 0.2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,12 +314,17 @@ def predict_one(fig: RunFigures, n: int, background: float | None = None) -> Pre
     if background is not None and background < 0:
         raise ValueError(f"background {background}: must be >= 0 (foreign threads)")
     middle, lo, hi = background_threads(fig)
-    def target(source: float) -> float:
-        return source if background is None else background
-
-    terms = _terms(fig, n, middle, target(middle))
+    target = middle if background is None else background
+    terms = _terms(fig, n, middle, target)
     step = step_seconds(terms)
-    others = [step_seconds(_terms(fig, n, b, target(b))) for b in (lo, hi)]
+    # The run's background over its windows; and, unless told the background at
+    # prediction time, its drift by then.
+    cases = [(lo, lo if background is None else background),
+             (hi, hi if background is None else background)]
+    if background is None:
+        cases += [(middle, middle * (1 - BACKGROUND_DRIFT)),
+                  (middle, middle * (1 + BACKGROUND_DRIFT))]
+    others = [step_seconds(_terms(fig, n, source, later)) for source, later in cases]
     sigma = _spread(fig, n, terms)
     slow = step + math.hypot(sigma, max(0.0, max(others) - step))
     fast = max(step * 0.1, step - math.hypot(sigma, max(0.0, step - min(others))))
