@@ -219,3 +219,16 @@ def test_plans_the_model_does_not_describe_are_refused(tmp_path: Path) -> None:
         figures_from_run(run, metrics)
     with pytest.raises(ValueError, match="no run store"):
         run_figures(tmp_path / "missing.db", "r1")
+
+
+def test_predicted_scaling_for_the_report(tmp_path: Path) -> None:
+    from tandem.analyze.scaling import predicted_scaling
+
+    _store_run(tmp_path / "tandem.db")
+    got = predicted_scaling(tmp_path / "tandem.db", "r1", (1, 2, 3, 4))
+    assert sorted(got["scaling_predicted"]) == ["1", "2", "4"]  # 64 samples: not on 3
+    direct = predict(run_figures(tmp_path / "tandem.db", "r1"), [4])[4]
+    assert got["scaling_predicted"]["4"]["samples_per_s"] == pytest.approx(
+        direct.samples_per_s)
+    _store_run(tmp_path / "fsdp.db", plan={"strategy": "fsdp", "micro_batch": 64})
+    assert predicted_scaling(tmp_path / "fsdp.db", "r1") == {}
