@@ -135,6 +135,10 @@ class Strategy:
         of `micro_batches` forward/backward passes in all; counters restart after."""
         return {}
 
+    def weights_replaced(self) -> None:
+        """The parameters' values were overwritten in place (an average swapped in or out):
+        drop any gathered copy of them, so the next forward sees the new values."""
+
     @contextlib.contextmanager
     def calibrating(self, one_pass: Pass) -> Iterator[None]:
         """Extra forward/backward passes inside leave no trace in later steps."""

@@ -12,7 +12,7 @@ takes it back with them.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -60,18 +60,26 @@ class WeightAverage:
         self.updates = 0
 
     @contextlib.contextmanager
-    def swapped(self) -> Iterator[None]:
-        """Inside: the parameters hold the average; after: their own values again."""
+    def swapped(self, settle: Callable[[], None] | None = None) -> Iterator[None]:
+        """Inside: the parameters hold the average; after: their own values again.
+
+        `settle` runs after each exchange (the strategy's `weights_replaced`: FSDP2 must
+        drop parameters it gathered before, or its next forward would use them).
+        """
         with torch.no_grad():
             kept = {name: p.detach().clone() for name, p in self.params.items()}
             for name, p in self.params.items():
                 p.detach().copy_(self.average[name])
+        if settle is not None:
+            settle()
         try:
             yield
         finally:
             with torch.no_grad():
                 for name, p in self.params.items():
                     p.detach().copy_(kept[name])
+            if settle is not None:
+                settle()
 
     def state_dict(self) -> dict[str, Any]:
         """The averages by parameter name and the number of updates."""
@@ -87,10 +95,11 @@ class WeightAverage:
 
 
 @contextlib.contextmanager
-def averaged(average: WeightAverage | None) -> Iterator[None]:
+def averaged(average: WeightAverage | None,
+             settle: Callable[[], None] | None = None) -> Iterator[None]:
     """Inside: the model holds the average of its weights, if the run keeps one."""
     if average is None:
         yield
         return
-    with average.swapped():
+    with average.swapped(settle):
         yield

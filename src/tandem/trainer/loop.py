@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -267,7 +268,7 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         if self.eval_dataset is None:
             return {}
-        with averaged(self.ema):
+        with averaged(self.ema, self.strategy.weights_replaced):
             values = evaluate(self.task, self.strategy.module, self.eval_dataset,
                               self.runtime, self.config.train.eval_batch, self.config.data,
                               self.precision, self.layout, views=self.config.train.eval_views)
@@ -476,5 +477,8 @@ class Trainer:
 def export_model(trainer: Trainer) -> torch.nn.Module | None:
     """The trained weights (their average under train.ema_decay) in a plain module that no
     process group owns. All ranks."""
-    with averaged(trainer.ema):
-        return trainer.strategy.export_model(trainer.task.model)
+    with averaged(trainer.ema, trainer.strategy.weights_replaced):
+        model = trainer.strategy.export_model(trainer.task.model)
+        if trainer.ema is not None and model is trainer.strategy.module:
+            model = copy.deepcopy(model)  # the live module gets its own weights back
+    return model
