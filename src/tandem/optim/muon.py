@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.optim import Optimizer
 
 from tandem.optim.layerwise import check_range
@@ -51,6 +52,18 @@ def _orthogonal_update(update: torch.Tensor, steps: int) -> torch.Tensor:
     return distribute_tensor(whole, update.device_mesh, update.placements, src_data_rank=None)
 
 
+def _balance(sizes: list[int], world: int) -> list[int]:
+    """The process that orthogonalises each matrix: largest first, to the least loaded
+    (the same answer on every process)."""
+    load = [0] * world
+    owner = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+        r = min(range(world), key=lambda q: (load[q], q))
+        owner[i] = r
+        load[r] += sizes[i]
+    return owner
+
+
 class Muon(Optimizer):
     """Muon for matrices and convolution kernels, AdamW for groups marked ``muon=False``.
 
@@ -64,6 +77,10 @@ class Muon(Optimizer):
     An AdamW group (``{"params": ..., "muon": False, "lr": ..., "betas": ...}``: embeddings,
     output heads, biases, norms) takes torch's AdamW step with bias correction. Every group
     has an ``lr``, which tandem's schedules scale like any other optimizer's.
+
+    The orthogonalisations are most of Muon's cost. Where every process holds the same
+    replica and steps with it (DDP), tandem calls `share_work`: each process then
+    orthogonalises its share of the matrices and one all-gather hands out the rest.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
@@ -89,6 +106,14 @@ class Muon(Optimizer):
                                      "in a group with muon=False (AdamW)")
             else:
                 group.pop("momentum", None)  # an AdamW group: its momentum is betas[0]
+        self._group: dist.ProcessGroup | None = None
+        self._sharing = False
+
+    def share_work(self, group: dist.ProcessGroup | None) -> None:
+        """Split the orthogonalisations of plain (replicated) parameters over the processes
+        of `group` (None: the default group). Only where every process of the group holds
+        the same parameters and gradients at every step; every process must call `step`."""
+        self._group, self._sharing = group, True
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -97,25 +122,64 @@ class Muon(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        pending: list[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]] = []
         for group in self.param_groups:
-            update = self._muon if group["muon"] else self._adamw
             for param in group["params"]:
-                if param.grad is not None:
-                    update(param, group)
+                if param.grad is None:
+                    continue
+                if not group["muon"]:
+                    self._adamw(param, group)
+                    continue
+                direction = self._direction(param, group)
+                if type(direction) is torch.Tensor:
+                    pending.append((param, direction, group))
+                else:  # a DTensor shard: gathered and orthogonalised on its own
+                    self._apply(param, _orthogonal_update(direction, group["ns_steps"]), group)
+        steps = self._orthogonalize_all([(d, g["ns_steps"]) for _, d, g in pending])
+        for (param, _, group), step in zip(pending, steps, strict=True):
+            self._apply(param, step, group)
         return loss
 
-    def _muon(self, param: torch.Tensor, group: dict[str, Any]) -> None:
+    def _direction(self, param: torch.Tensor, group: dict[str, Any]) -> torch.Tensor:
+        """Advance the momentum; the direction to orthogonalise (Nesterov or not)."""
         state = self.state[param]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(param)
         buffer, grad, beta = state["momentum_buffer"], param.grad, group["momentum"]
         buffer.lerp_(grad, 1 - beta)
-        direction = grad.lerp(buffer, beta) if group["nesterov"] else buffer
+        return grad.lerp(buffer, beta) if group["nesterov"] else buffer
+
+    @staticmethod
+    def _apply(param: torch.Tensor, step: torch.Tensor, group: dict[str, Any]) -> None:
         rows, cols = param.shape[0], param[0].numel()
-        step = _orthogonal_update(direction, group["ns_steps"])
         if group["weight_decay"]:
             param.mul_(1 - group["lr"] * group["weight_decay"])
         param.add_(step, alpha=-group["lr"] * max(1.0, rows / cols) ** 0.5)
+
+    def _orthogonalize_all(self, work: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
+        """`orthogonalize` of each (direction, steps), shared over the group if asked to."""
+        world = dist.get_world_size(self._group) if self._sharing else 1
+        if world == 1 or not work:
+            return [orthogonalize(d, steps) for d, steps in work]
+        owner = _balance([d.numel() for d, _ in work], world)
+        rank = dist.get_rank(self._group)
+        mine = [i for i, o in enumerate(owner) if o == rank]
+        sizes = [sum(work[i][0].numel() for i, o in enumerate(owner) if o == r)
+                 for r in range(world)]
+        like = work[0][0]
+        flat = torch.zeros(max(sizes), dtype=like.dtype, device=like.device)
+        if mine:
+            torch.cat([orthogonalize(*work[i]).flatten() for i in mine],
+                      out=flat[: sizes[rank]])
+        parts = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(parts, flat, group=self._group)
+        out: list[torch.Tensor] = [like] * len(work)
+        offsets = [0] * world
+        for i, (direction, _) in enumerate(work):
+            r, n = owner[i], direction.numel()
+            out[i] = parts[r][offsets[r]: offsets[r] + n].view_as(direction)
+            offsets[r] += n
+        return out
 
     def _adamw(self, param: torch.Tensor, group: dict[str, Any]) -> None:
         state = self.state[param]
