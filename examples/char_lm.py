@@ -203,7 +203,7 @@ RECIPE = {
     "train.steps": 150,
     "train.global_batch": 32,
     "train.eval_every": 10,
-    "train.eval_from": 100,
+    "train.eval_from": 80,
     "train.eval_batch": 64,
     "train.grad_clip": 1.0,
     "train.target": "eval_loss<=2.3",

@@ -43,16 +43,15 @@ task = tandem.Task(
 OPTIMIZERS = {"muon": make_muon, "adamw": make_optimizer}
 
 RECIPE = {
-    "train.steps": 200,
+    "train.steps": 150,
     "train.global_batch": 128,
     "train.eval_every": 25,
-    "train.eval_from": 100,
     "train.eval_batch": 500,
     "train.target": "accuracy>=0.99",
     "train.ema_decay": 0.9,
     "data.in_memory": True,
     "optim.schedule": "warmup_cosine",
-    "optim.warmup_steps": 10,
+    "optim.warmup_steps": 7,
     "monitor.log_every": 25,
 }
 

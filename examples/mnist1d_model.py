@@ -126,7 +126,7 @@ def make_muon(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
                 momentum=0.95)
 
 
-MUON_LR, ADAM_LR = 0.02, 6e-3
+MUON_LR, ADAM_LR = 0.08, 6e-3
 
 
 def make_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:

@@ -61,6 +61,10 @@ class TrainConfig:
     target: str = _doc(
         "", "time-to-target goal, 'metric>=value' or 'metric<=value', e.g. 'accuracy>=0.97'"
     )
+    stop_at_target: bool = _doc(
+        False, "end the run at the first evaluation that meets train.target (with a "
+        "checkpoint there when checkpoint.at_end)"
+    )
     eval_from: int = _doc(
         0, "the eval_every schedule starts at this step: earlier multiples of eval_every are "
         "skipped (the last step always evaluates)"

@@ -93,3 +93,40 @@ def test_average_under_ddp_and_fsdp_is_the_one_process_average(
     want = hand_average(9, 0.8)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _muon_shared(rank: int, world: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from tandem.optim import Muon
+
+    dist.init_process_group("gloo")
+    try:
+        gen = torch.Generator().manual_seed(5)
+        shapes = [(16, 40), (40, 16), (8, 3, 5), (24, 24), (6,)]
+        start = [torch.randn(*s, generator=gen) for s in shapes]
+        grads = [[torch.randn(*s, generator=gen) for s in shapes] for _ in range(3)]
+        results = []
+        for share in (False, True):
+            params = [torch.nn.Parameter(w.clone()) for w in start]
+            opt = Muon([{"params": params[:4]},
+                        {"params": params[4:], "muon": False, "lr": 1e-3}], lr=0.03)
+            if share:
+                opt.share_work(None)
+            for step in grads:
+                for p, g in zip(params, step, strict=True):
+                    p.grad = g.clone()
+                opt.step()
+            results.append([p.detach() for p in params])
+        if rank == 0:
+            torch.save({"alone": results[0], "shared": results[1]}, Path(out, "muon.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(160)
+def test_muon_shared_over_two_ranks_equals_each_rank_alone(tmp_path: Path) -> None:
+    run_ranks(_muon_shared, 2, str(tmp_path), timeout=150)
+    got = torch.load(tmp_path / "muon.pt", weights_only=True)
+    for alone, shared in zip(got["alone"], got["shared"], strict=True):
+        assert torch.equal(alone, shared)

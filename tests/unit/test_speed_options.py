@@ -197,6 +197,18 @@ def test_evaluations_start_at_eval_from_and_the_target_end_is_timed(tmp_path: Pa
         "wall_time_s"]
 
 
+def test_stop_at_target_ends_the_run_there_and_a_rerun_is_complete(tmp_path: Path) -> None:
+    cfg = config(tmp_path, 40, **{"train.eval_every": 4, "train.target": "accuracy>=0.0",
+                                  "train.stop_at_target": True})
+    summary = tandem.fit(task(), config=cfg).summary
+    assert summary["steps"] == 4 and summary["target"].endswith("at step 4")
+    want, _ = hand_run(4)
+    assert summary["eval_loss"] == pytest.approx(plain_eval(want)[0], rel=1e-5)
+    again = tandem.fit(task(), config=cfg)
+    assert again.summary["steps"] == 4
+    assert_same_weights(again.model, want)
+
+
 # ----------------------------------------------------------------- schedules
 def test_warmup_linear_and_wsd_by_hand() -> None:
     lin = OptimConfig(schedule="warmup_linear", warmup_steps=4, min_lr_ratio=0.1)

@@ -83,6 +83,7 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.eval_s = 0.0  # evaluation time of this attempt
         self.started_at: float | None = None  # when this attempt's training began
+        self.stopped_at_target = False  # train.stop_at_target ended the run early
         self.faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
         self.preemption = PreemptionFlag(announce=runtime.is_main)
         self.heartbeat = Heartbeat(runtime.store, runtime.rank, runtime.world_size,
@@ -206,8 +207,9 @@ class Trainer:
             self.ema.reset()
         self.progress.attempts += 1
         self.lr.extra = self.progress.lr_scale
-        return Resumed(found, problems, [], self.state.step >= self.config.train.steps,
-                       warning)
+        done = self.state.step >= self.config.train.steps or (
+            self.config.train.stop_at_target and self.progress.target_reached is not None)
+        return Resumed(found, problems, [], done, warning)
 
     def save(self, reporter: Reporter, clock: RunClock) -> None:
         """Start a checkpoint of the current state; record how long the step waited."""
@@ -336,7 +338,7 @@ class Trainer:
         clock, window = RunClock(progress.elapsed_s), WindowClock()
         self.started_at = time.time()
         self.model.train()
-        while self.state.step < cfg.train.steps:
+        while self.state.step < cfg.train.steps and not self.stopped_at_target:
             self._one_step(batches, window, reporter, sampler.dataset_len, clock)
             window.pause()  # logging, evaluation and checkpoints are not training time
             if self.state.step % cfg.monitor.log_every == 0 or self.state.step == cfg.train.steps:
@@ -428,6 +430,11 @@ class Trainer:
                 self._run_evaluation(reporter, clock))
             if reached and save_now and last:
                 self.save(reporter, clock)  # the checkpoint must know the target is met
+            if reached and cfg.train.stop_at_target and not last:
+                self.stopped_at_target = True  # every rank saw the same reduced values
+                if cfg.checkpoint.at_end:
+                    self.save(reporter, clock)
+                return
         if save_now and not last:
             self.heartbeat.at(step, "checkpoint")
             self.save(reporter, clock)
