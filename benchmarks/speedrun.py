@@ -23,9 +23,10 @@ The rule. The contender ("record": the example as shipped) becomes a record when
 over >= 5 seeds, a one-sided Welch t-test says its mean time-to-target is below the
 previous record's with p < 0.01 (`speedrun_stats.py`), and every seed's final metric
 (at the end of its whole schedule) clears the task's floor. The other contenders stop at
-their target (`train.stop_at_target`): their time is the same, the benchmark shorter. The previous record is re-run interleaved with it (same
-load), and its stored figures are shown beside. Ablations: the record with one trick
-turned off (the flags of `TRICKS`), one row each. Records, ablations and every run's
+their target (`train.stop_at_target`): their time is the same, the benchmark shorter.
+The previous record is re-run interleaved with it (same load), and its stored figures
+are shown beside. Ablations: the record with one trick turned off (the flags of
+`TRICKS`), one row each. Records, ablations and every run's
 figures go to `benchmarks/speedrun_records.json` (with `--save`).
 """
 
