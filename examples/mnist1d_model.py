@@ -109,6 +109,26 @@ class MNIST1D(Dataset):
         return x, self.y[index]
 
 
+def make_muon(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """The speedrun's optimizer: Muon on the convolution kernels, AdamW on the rest.
+
+    Muon (momentum 0.95, Nesterov) orthogonalises each kernel's update viewed as an
+    out-channels x (in-channels * width) matrix; the classifier, biases and GroupNorm
+    scales take AdamW without weight decay.
+    """
+    from tandem.optim import Muon
+
+    params = list(params)
+    kernels = [p for p in params if p.ndim > 2]
+    rest = [p for p in params if p.ndim <= 2]
+    return Muon([{"params": kernels, "lr": MUON_LR},
+                 {"params": rest, "muon": False, "lr": ADAM_LR, "betas": (0.9, 0.99)}],
+                momentum=0.95)
+
+
+MUON_LR, ADAM_LR = 0.08, 6e-3
+
+
 def make_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     """The recipe's AdamW: weight decay on weight matrices and kernels, none on the rest."""
     params = list(params)

@@ -2,7 +2,8 @@
 
 from tandem.config import Config
 from tandem.fit import RunResult, fit
+from tandem.losses import CrossEntropy
 from tandem.task import Task
 
-__all__ = ["Config", "RunResult", "Task", "fit"]
+__all__ = ["Config", "CrossEntropy", "RunResult", "Task", "fit"]
 __version__ = "0.1.0"

@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tandem.config_values import parse_ramp, parse_target  # noqa: F401 - re-exported
+from tandem.config_values import (  # noqa: F401 - re-exported
+    parse_ramp,
+    parse_seq_ramp,
+    parse_target,
+)
 
 
 def _doc(default: Any, doc: str) -> Any:
@@ -57,6 +61,32 @@ class TrainConfig:
     target: str = _doc(
         "", "time-to-target goal, 'metric>=value' or 'metric<=value', e.g. 'accuracy>=0.97'"
     )
+    stop_at_target: bool = _doc(
+        False, "end the run at the first evaluation that meets train.target (with a "
+        "checkpoint there when checkpoint.at_end)"
+    )
+    eval_from: int = _doc(
+        0, "the eval_every schedule starts at this step: earlier multiples of eval_every are "
+        "skipped (the last step always evaluates)"
+    )
+    ema_decay: float = _doc(
+        0.0, "evaluate, checkpoint (state 'ema') and return an exponential moving average of "
+        "the weights, updated after each step with decay min(ema_decay, (1 + t) / (10 + t)) "
+        "at update t (0: off)"
+    )
+    eval_views: bool = _doc(
+        True, "average the model's outputs over the views Task.eval_views makes of each "
+        "evaluation batch (test-time augmentation), when the task gives it"
+    )
+    label_smoothing: float = _doc(
+        0.0, "label smoothing of the training loss when Task.loss is tandem.CrossEntropy() "
+        "(evaluation reports the plain loss; 0: off)"
+    )
+    seq_ramp: str = _doc(
+        "", "grow the training sequence length: 'STEP:LEN,...' cuts dim 1 of every batch "
+        "tensor with 2+ dims to LEN from STEP on, LEN 0 being the full length, the first at "
+        "step 0 and the last LEN 0, e.g. '0:32,50:64,100:0' (empty: off)"
+    )
 
 
 @dataclass(kw_only=True)
@@ -66,6 +96,11 @@ class DataConfig:
     workers: int = _doc(0, "DataLoader worker processes per rank")
     pin_memory: bool = _doc(True, "pin host memory of batches when training on CUDA")
     prefetch: int = _doc(2, "batches each DataLoader worker loads ahead")
+    in_memory: bool = _doc(
+        False, "read each dataset once at start into stacked tensors and gather every batch "
+        "by indexing them (no DataLoader, no per-sample calls): the same samples in the same "
+        "order; randomness a dataset draws per sample is drawn once"
+    )
 
 
 @dataclass(kw_only=True)
@@ -152,11 +187,17 @@ class PrecisionConfig:
 class OptimConfig:
     """Learning-rate schedule and scaling (the optimizer itself comes from the Task)."""
 
-    schedule: Literal["constant", "warmup_cosine", "onecycle"] = _doc(
-        "constant", "multiplier of the optimizer's lr over the steps"
+    schedule: Literal["constant", "warmup_cosine", "onecycle", "warmup_linear", "wsd"] = _doc(
+        "constant", "multiplier of the optimizer's lr over the steps: warmup_cosine and "
+        "warmup_linear fall from the peak after warmup_steps to min_lr_ratio at the end; wsd "
+        "(warm-up, stable, decay) holds the peak and falls linearly over the last "
+        "cooldown_frac of the steps"
     )
     warmup_steps: int = _doc(0, "linear warm-up steps (warmup_cosine)")
-    min_lr_ratio: float = _doc(0.0, "final lr as a fraction of the peak (warmup_cosine, onecycle)")
+    min_lr_ratio: float = _doc(0.0, "final lr as a fraction of the peak (warmup_cosine, "
+                                    "warmup_linear, wsd, onecycle)")
+    cooldown_frac: float = _doc(0.2, "wsd: fraction of the steps, at the end, over which the "
+                                     "lr falls linearly to min_lr_ratio")
     pct_start: float = _doc(0.3, "fraction of steps spent rising (onecycle)")
     lr_scaling: Literal["none", "linear", "sqrt"] = _doc(
         "none", "scale the lr with global_batch / reference_batch"
@@ -260,6 +301,10 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "train.grad_clip": (0, "a number >= 0"),
     "train.eval_every": (0, "an integer >= 0"),
     "train.eval_batch": (1, "an integer >= 1"),
+    "train.eval_from": (0, "an integer >= 0"),
+    "train.ema_decay": (0, "a number in [0, 1)"),
+    "train.label_smoothing": (0, "a number in [0, 1)"),
+    "optim.cooldown_frac": (1e-9, "a number in (0, 1]"),
     "data.workers": (0, "an integer >= 0"),
     "data.prefetch": (1, "an integer >= 1"),
     "plan.bucket_mb": (0.001, "a number > 0"),
@@ -384,6 +429,15 @@ def validate(config: Config) -> Config:
         )
     if config.train.target:
         parse_target(config.train.target)
+    for name in ("ema_decay", "label_smoothing"):
+        if (value := getattr(config.train, name)) >= 1:
+            raise ValueError(f"train.{name}: {value!r} is out of range; expected a number "
+                             "in [0, 1)")
+    if config.optim.cooldown_frac > 1:
+        raise ValueError(f"optim.cooldown_frac: {config.optim.cooldown_frac!r} is out of "
+                         "range; expected a number in (0, 1]")
+    if config.train.seq_ramp:
+        parse_seq_ramp(config.train.seq_ramp)
     if config.train.batch_ramp:
         parse_ramp(config.train.batch_ramp, config.train.global_batch)
         if "rollback" in (config.fault.nonfinite, config.fault.spike):

@@ -1,4 +1,4 @@
-"""Parsers of the config's small text values: train.target and train.batch_ramp."""
+"""Parsers of the config's small text values: train.target, train.batch_ramp, train.seq_ramp."""
 
 from __future__ import annotations
 
@@ -26,6 +26,31 @@ def parse_ramp(text: str, global_batch: int) -> list[tuple[int, int]]:
     if pairs[-1][1] != global_batch:
         raise ValueError(f"train.batch_ramp: the last batch ({pairs[-1][1]}) must equal "
                          f"train.global_batch ({global_batch})")
+    return pairs
+
+
+def parse_seq_ramp(text: str) -> list[tuple[int, int]]:
+    """Parse train.seq_ramp 'STEP:LEN,...' into [(step, length), ...] (0: full), checked."""
+    example = "e.g. '0:32,50:64,100:0'"
+    pairs: list[tuple[int, int]] = []
+    for part in text.split(","):
+        step, colon, length = part.strip().partition(":")
+        try:
+            pairs.append((int(step), int(length)))
+        except ValueError:
+            raise ValueError(f"train.seq_ramp: {part.strip()!r} is not STEP:LEN ({example})"
+                             ) from None
+        if not colon:
+            raise ValueError(f"train.seq_ramp: {part.strip()!r} is not STEP:LEN ({example})")
+    if pairs[0][0] != 0:
+        raise ValueError(f"train.seq_ramp: the first entry must be at step 0, not {pairs[0][0]}")
+    if pairs[-1][1] != 0:
+        raise ValueError(f"train.seq_ramp: the last LEN must be 0 (the full length), not "
+                         f"{pairs[-1][1]} ({example})")
+    for (s0, n0), (s1, n1) in zip(pairs, pairs[1:], strict=False):
+        if s1 <= s0 or n0 < 1 or (n1 and n1 < n0):
+            raise ValueError(f"train.seq_ramp: {s0}:{n0} then {s1}:{n1}; steps must rise, "
+                             f"lengths must be >= 1 and not shrink, 0 only last ({example})")
     return pairs
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,12 @@ class Task:
     ``model(batch[0])`` for a tuple/list batch, ``model(batch["input"])`` for a dict,
     and ``model(batch)`` otherwise.
 
+    ``eval_views(batch)`` (optional) returns views of an evaluation batch (e.g. the batch
+    and its shifted or flipped copies): evaluation then averages the model's outputs over
+    them and scores the average against the batch (test-time augmentation). Include the
+    batch itself if it should count. The outputs must be tensors of one shape.
+    ``train.eval_views false`` turns it off without changing the task.
+
     ``tensor_parallel`` names the layers to split when ``plan.tp`` > 1: module path
     patterns (fnmatch, e.g. ``"blocks.*.attn.q"``) mapped to ``"colwise"`` or
     ``"rowwise"``. A column-wise layer keeps its output sharded over the tensor-parallel
@@ -54,13 +60,16 @@ class Task:
     forward: Callable[[nn.Module, Batch], Any] | None = None
     tokens_per_sample: int | None = None
     tensor_parallel: Mapping[str, str] | None = None
+    eval_views: Callable[[Batch], Sequence[Batch]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "optimizer", "train_data", "loss"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable, got {getattr(self, name)!r}")
-        if self.eval_data is not None and not callable(self.eval_data):
-            raise ValueError(f"Task.eval_data must be callable or None, got {self.eval_data!r}")
+        for name in ("eval_data", "eval_views"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"Task.{name} must be callable or None, got "
+                                 f"{getattr(self, name)!r}")
         for key, fn in self.metrics.items():
             if not callable(fn):
                 raise ValueError(f"Task.metrics[{key!r}] must be callable, got {fn!r}")

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from tandem.config import DataConfig
+from tandem.data.memory import MemoryDataset
 from tandem.data.sampler import GlobalBatchSampler
 from tandem.runtime import derive_seed
 
@@ -52,9 +53,12 @@ def _loader(dataset: Dataset, sampler: Iterable[list[int]], cfg: DataConfig,
 def train_batches(dataset: Dataset, sampler: GlobalBatchSampler, cfg: DataConfig,
                   device: torch.device) -> Iterator[Any]:
     """This rank's micro-batches on `device`, in the global order, without end."""
-    seed = derive_seed("loader", sampler.seed, sampler.rank, sampler.cursor.epoch,
-                       sampler.cursor.offset)
-    batches = iter(_loader(dataset, sampler, cfg, device, seed))
+    if isinstance(dataset, MemoryDataset):  # data.in_memory: gathered, not loaded
+        batches: Iterator[Any] = (dataset.gather(ids) for ids in sampler)
+    else:
+        seed = derive_seed("loader", sampler.seed, sampler.rank, sampler.cursor.epoch,
+                           sampler.cursor.offset)
+        batches = iter(_loader(dataset, sampler, cfg, device, seed))
     if device.type == "cuda":
         return _cuda_prefetch(batches, device)
     return batches
@@ -93,5 +97,7 @@ def eval_batches(dataset: Dataset, indices: range, batch: int, cfg: DataConfig,
                  device: torch.device) -> Iterator[Any]:
     """This rank's evaluation batches on `device` (an uneven last batch is kept)."""
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
-    for item in _loader(dataset, chunks, cfg, device, 0):
+    items = ((dataset.gather(ids) for ids in chunks) if isinstance(dataset, MemoryDataset)
+             else _loader(dataset, chunks, cfg, device, 0))
+    for item in items:
         yield to_device(item, device, non_blocking=True)

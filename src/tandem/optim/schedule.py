@@ -19,6 +19,10 @@ def lr_multiplier(cfg: OptimConfig, step: int, total_steps: int) -> float:
         return 1.0
     if cfg.schedule == "warmup_cosine":
         return _warmup_cosine(step, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    if cfg.schedule == "warmup_linear":
+        return _warmup_linear(step, total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    if cfg.schedule == "wsd":
+        return _wsd(step, total_steps, cfg.warmup_steps, cfg.cooldown_frac, cfg.min_lr_ratio)
     return _onecycle(step, total_steps, cfg.pct_start, cfg.min_lr_ratio)
 
 
@@ -28,6 +32,25 @@ def _warmup_cosine(step: int, total: int, warmup: int, floor: float) -> float:
     span = max(1, total - warmup)
     progress = min(1.0, (step - warmup) / span)
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _warmup_linear(step: int, total: int, warmup: int, floor: float) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 1.0 - (1.0 - floor) * progress
+
+
+def _wsd(step: int, total: int, warmup: int, cooldown: float, floor: float) -> float:
+    # Warm-up, stable, decay: the peak until the last `cooldown` of the steps, then a
+    # straight line to `floor` at the end (modded-nanogpt's and MiniCPM's shape).
+    if step < warmup:
+        return (step + 1) / warmup
+    start = max(warmup, total - round(cooldown * total))
+    if step < start:
+        return 1.0
+    progress = min(1.0, (step - start) / max(1, total - start))
+    return 1.0 - (1.0 - floor) * progress
 
 
 def _anneal(start: float, end: float, pct: float) -> float:

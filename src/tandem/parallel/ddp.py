@@ -24,6 +24,7 @@ class DDPStrategy(Strategy):
     """Every rank holds a replica; DDP all-reduces gradient buckets during backward."""
 
     name: ClassVar[str] = "ddp"
+    identical_replicas: ClassVar[bool] = True
     syncs_each_backward: ClassVar[bool] = True
 
     stats: hooks.CommStats | None = None  # bytes the comm hook sent

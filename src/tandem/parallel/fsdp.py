@@ -143,6 +143,14 @@ class FSDPStrategy(Strategy):
             self.model, self.runtime.world_size, accum, plan.fsdp_reshard,
             DTYPES[plan.fsdp_param_dtype], DTYPES[plan.fsdp_reduce_dtype])}
 
+    def weights_replaced(self) -> None:
+        """Free every unit's gathered parameters: the root keeps its own after a forward
+        (and every unit does without resharding), and the next forward would use those."""
+        assert self.model is not None, "wrap() first"
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
     @contextlib.contextmanager
     def calibrating(self, one_pass: Pass) -> Iterator[None]:
         """FSDP2 keeps no-sync gradients outside p.grad, where zero_grad cannot reach them,

@@ -46,6 +46,9 @@ class Strategy:
     # The trainer can time this plan's communication on the step's critical path (DDP's
     # wait in backward, a separate all-reduce or meeting); FSDP's is not seen.
     times_comm: ClassVar[bool] = True
+    # Every rank holds the same weights and gradients at every step (DDP): an optimizer
+    # may split per-parameter work over the ranks and share the results.
+    identical_replicas: ClassVar[bool] = False
 
     def __init__(self, plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> None:
         self.plan, self.runtime, self.layout, self.seed = plan, runtime, layout, seed
@@ -134,6 +137,10 @@ class Strategy:
         """What the plan sent (and waited for) over the window's `steps` optimizer steps
         of `micro_batches` forward/backward passes in all; counters restart after."""
         return {}
+
+    def weights_replaced(self) -> None:
+        """The parameters' values were overwritten in place (an average swapped in or out):
+        drop any gathered copy of them, so the next forward sees the new values."""
 
     @contextlib.contextmanager
     def calibrating(self, one_pass: Pass) -> Iterator[None]:

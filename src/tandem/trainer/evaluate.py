@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -16,17 +18,34 @@ from tandem.task import Task
 from tandem.trainer.precision import Precision
 
 
+def outputs_of(task: Task, model: nn.Module, batch: Any, views: bool) -> Any:
+    """The model's outputs on `batch`; with `views` and `Task.eval_views`, their mean over
+    the views the task makes of the batch (test-time augmentation)."""
+    if not views or task.eval_views is None:
+        return task.run_forward(model, batch)
+    made = list(task.eval_views(batch))
+    if not made:
+        raise ValueError("Task.eval_views returned no view of the batch")
+    outputs = [task.run_forward(model, view) for view in made]
+    if not all(isinstance(o, torch.Tensor) and o.shape == outputs[0].shape for o in outputs):
+        raise ValueError("Task.eval_views: the model's outputs on the views must be tensors "
+                         "of one shape to be averaged; got "
+                         f"{[getattr(o, 'shape', type(o).__name__) for o in outputs]}")
+    return torch.stack(outputs).mean(0)
+
+
 @torch.no_grad()
 def evaluate(task: Task, model: nn.Module, dataset: Dataset, runtime: Runtime, batch: int,
              data_cfg: DataConfig, precision: Precision,
-             layout: Layout | None = None) -> dict[str, float]:
+             layout: Layout | None = None, views: bool = True) -> dict[str, float]:
     """Loss and metrics over `dataset`, each a sample-weighted mean over all ranks.
 
     Each rank evaluates a disjoint contiguous shard; sums and counts are all-reduced
     once at the end, so the result equals one process evaluating the whole set.
     Under tensor parallelism (`layout`) the shards go to the data-parallel ranks and the
     sums are reduced over the data-parallel group: tensor-parallel peers evaluate the
-    same samples together and are counted once. Must be called on all processes.
+    same samples together and are counted once. With `views`, the outputs are averaged
+    over `Task.eval_views` (when the task gives it). Must be called on all processes.
     """
     names = ["loss", *task.metrics]
     totals = torch.zeros(len(names) + 1, dtype=torch.float64, device=runtime.device)
@@ -38,7 +57,7 @@ def evaluate(task: Task, model: nn.Module, dataset: Dataset, runtime: Runtime, b
     try:
         for item in eval_batches(dataset, indices, batch, data_cfg, runtime.device):
             with precision.autocast():
-                outputs = task.run_forward(model, item)
+                outputs = outputs_of(task, model, item, views)
                 values = [task.loss(outputs, item)]
                 values += [fn(outputs, item) for fn in task.metrics.values()]
             n = batch_size(item)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import time
@@ -15,9 +16,12 @@ from tandem.checkpoint import CheckpointManager, ModelWeights, OptimizerState
 from tandem.config import Config, config_from_dict, parse_ramp, parse_target
 from tandem.config_values import target_met
 from tandem.data.loader import to_device, train_batches
+from tandem.data.memory import held
 from tandem.data.sampler import GlobalBatchSampler, check_sizes, split_batch
+from tandem.data.seqlen import SeqRamp
 from tandem.errors import UsageError
 from tandem.faults import FaultPlan
+from tandem.losses import training_task
 from tandem.monitor.heartbeat import Heartbeat
 from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
@@ -28,6 +32,7 @@ from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
 from tandem.trainer import preflight, resume_rules
 from tandem.trainer.calibration import Calibration
+from tandem.trainer.ema import WeightAverage, averaged
 from tandem.trainer.evaluate import evaluate
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, PreemptionFlag, agree
 from tandem.trainer.precision import Precision
@@ -56,9 +61,14 @@ class Trainer:
         with preflight.stage():
             model = self._build_data_and_model()
         self.model = self.strategy.distribute(model, task.tensor_parallel)
+        self.ema = (WeightAverage(self.strategy.module, config.train.ema_decay)
+                    if config.train.ema_decay else None)
         with preflight.stage():
             self.optimizer = preflight.check_optimizer(task.optimizer(self.model.parameters()))
             self.params = [p for p in self.model.parameters() if p.requires_grad]
+            share = getattr(self.optimizer, "share_work", None)  # e.g. Muon
+            if share is not None and self.strategy.identical_replicas and self.layout.dp_size > 1:
+                share(self.layout.dp_group)
             self.lr = LrController(self.optimizer, config.optim, config.train.steps,
                                    config.train.global_batch,
                                    self.batch_at if self.ramp else None)
@@ -72,6 +82,8 @@ class Trainer:
         self.state, self.progress = TrainState(), Progress()
         self.last_eval: dict[str, float] = {}
         self.eval_s = 0.0  # evaluation time of this attempt
+        self.started_at: float | None = None  # when this attempt's training began
+        self.stopped_at_target = False  # train.stop_at_target ended the run early
         self.faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
         self.preemption = PreemptionFlag(announce=runtime.is_main)
         self.heartbeat = Heartbeat(runtime.store, runtime.rank, runtime.world_size,
@@ -82,7 +94,7 @@ class Trainer:
             timing=config.monitor.timing, sharded=self.strategy.shards_weights,
             measures_comm=self.strategy.times_comm)
         self.steps = StepRunner(StepParts(
-            task=task, config=config, model=self.model, optimizer=self.optimizer,
+            task=self.train_task, config=config, model=self.model, optimizer=self.optimizer,
             params=self.params, strategy=self.strategy, precision=self.precision,
             monitor=self.monitor, layout=self.layout, state=self.state, micro=self.micro,
             device=runtime.device, heartbeat=self.heartbeat, faults=self.faults))
@@ -92,7 +104,8 @@ class Trainer:
             {"model": ModelWeights(self.model),
              "optim": OptimizerState(self.model, self.optimizer),
              "strategy": self.strategy, "precision": self.precision,
-             "train": self.state, "progress": self.progress},
+             "train": self.state, "progress": self.progress,
+             **({"ema": self.ema} if self.ema is not None else {})},
             keep=config.checkpoint.keep, asynchronous=config.checkpoint.async_save,
             device=runtime.device, timeout_s=config.plan.timeout_s, hook=self._checkpoint_hook)
 
@@ -116,13 +129,16 @@ class Trainer:
         # Same value on every rank and at every world size: the same data and the same
         # initial weights as a one-process run.
         seed_all(derive_seed("build", self.config.run.seed))
+        self.train_task = training_task(task, train.label_smoothing)
         self.dataset = task.train_data()
         preflight.check_dataset(self.dataset, "train_data")
+        self.dataset = held(self.dataset, self.config.data, "train_data")
         for size in {train.global_batch, *(size for _, size in self.ramp)}:
             check_sizes(len(self.dataset), size, self.micro * self.layout.dp_size)  # type: ignore[arg-type]
         self.eval_dataset = task.eval_data() if task.eval_data is not None else None
         if self.eval_dataset is not None:
             preflight.check_dataset(self.eval_dataset, "eval_data")
+            self.eval_dataset = held(self.eval_dataset, self.config.data, "eval_data")
         return self.strategy.build(task.model)
 
     def batch_at(self, step: int) -> int:
@@ -186,13 +202,19 @@ class Trainer:
                                      step, (meta.get("optimizer"),
                                             optimizer_record(self.optimizer)))
         names = list(self.checkpoints.states)
+        fresh_average = "ema" in names and "ema" not in meta.get("states", {})
+        if fresh_average:  # averaging switched on at this resume: start from the weights
+            names.remove("ema")
         if resume_rules.OPTIMIZER in warning:  # another optimizer, allowed: start its state
             names.remove("optim")
         self.checkpoints.restore(found, names)
+        if fresh_average and self.ema is not None:
+            self.ema.reset()
         self.progress.attempts += 1
         self.lr.extra = self.progress.lr_scale
-        return Resumed(found, problems, [], self.state.step >= self.config.train.steps,
-                       warning)
+        done = self.state.step >= self.config.train.steps or (
+            self.config.train.stop_at_target and self.progress.target_reached is not None)
+        return Resumed(found, problems, [], done, warning)
 
     def save(self, reporter: Reporter, clock: RunClock) -> None:
         """Start a checkpoint of the current state; record how long the step waited."""
@@ -238,7 +260,8 @@ class Trainer:
         if found is None:
             raise RuntimeError(f"{reason}; no good checkpoint before step {bad_step} to roll "
                                "back to (checkpoint.every sets how often they are taken)")
-        meta = self.checkpoints.restore(found, ROLLBACK_STATES)
+        meta = self.checkpoints.restore(
+            found, ROLLBACK_STATES + (["ema"] if self.ema is not None else []))
         skipped = self.progress.samples - int(meta["states"]["progress"]["samples"])
         self.progress.rollbacks += 1
         self.progress.lr_scale *= cfg.rollback_lr_scale
@@ -255,19 +278,21 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         if self.eval_dataset is None:
             return {}
-        values = evaluate(self.task, self.strategy.module, self.eval_dataset, self.runtime,
-                          self.config.train.eval_batch, self.config.data, self.precision,
-                          self.layout)
+        with averaged(self.ema, self.strategy.weights_replaced):
+            values = evaluate(self.task, self.strategy.module, self.eval_dataset,
+                              self.runtime, self.config.train.eval_batch, self.config.data,
+                              self.precision, self.layout, views=self.config.train.eval_views)
         return {f"eval_{k}" if k == "loss" else k: v for k, v in values.items()}
 
-    def _check_target(self, values: dict[str, float], elapsed: float) -> bool:
+    def _check_target(self, values: dict[str, float], elapsed: float, done: float) -> bool:
         if self.target is None or self.progress.target_reached is not None:
             return False
         value = target_met(self.target, values)
         if value is None:
             return False
+        # elapsed_s: when the evaluation that met it began; evaluated_s: when it ended.
         self.progress.target_reached = {"step": self.state.step, "elapsed_s": elapsed,
-                                        "value": value}
+                                        "value": value, "evaluated_s": done}
         return True
 
     def _run_evaluation(self, reporter: Reporter, clock: RunClock) -> bool:
@@ -277,10 +302,11 @@ class Trainer:
         self.steps.fault("eval")
         elapsed = clock.elapsed()
         self.last_eval = self._evaluate()
-        self.eval_s += clock.elapsed() - elapsed
+        done = clock.elapsed()
+        self.eval_s += done - elapsed
         if self.last_eval:
             reporter.evaluation(step, self.last_eval)
-        if self._check_target(self.last_eval, elapsed):
+        if self._check_target(self.last_eval, elapsed, done):
             reporter.event(step, "target", f"target {cfg.train.target} reached at step "
                                            f"{step} after {elapsed:.1f} s")
             return True
@@ -312,9 +338,12 @@ class Trainer:
             batch_at=self.batch_at if self.ramp else None, step=self.state.step,
         )
         batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
+        if cfg.train.seq_ramp:
+            batches = SeqRamp(cfg.train.seq_ramp).apply(batches, lambda: self.state.step)
         clock, window = RunClock(progress.elapsed_s), WindowClock()
+        self.started_at = time.time()
         self.model.train()
-        while self.state.step < cfg.train.steps:
+        while self.state.step < cfg.train.steps and not self.stopped_at_target:
             self._one_step(batches, window, reporter, sampler.dataset_len, clock)
             window.pause()  # logging, evaluation and checkpoints are not training time
             if self.state.step == cfg.monitor.calibrate_at:
@@ -350,6 +379,8 @@ class Trainer:
         self.monitor.clock.begin("comm", on_device=True)
         self.strategy.after_step(state.step, last=state.step == cfg.train.steps)
         self.monitor.clock.end()
+        if self.ema is not None and not skipped:
+            self.ema.update()
         self.monitor.step(loss, norm, time.perf_counter() - started, size)
         self.progress.cursor.take(size, dataset_len)
         self.progress.samples += size
@@ -392,7 +423,8 @@ class Trainer:
         overlaps the background write): an evaluation that fails cannot lose training.
         """
         cfg, step = self.config, self.state.step
-        evaluate_now = last or (cfg.train.eval_every and step % cfg.train.eval_every == 0)
+        evaluate_now = last or (cfg.train.eval_every and step % cfg.train.eval_every == 0
+                                and step >= cfg.train.eval_from)
         every = cfg.checkpoint.every
         save_now = (every and step % every == 0) or (last and cfg.checkpoint.at_end)
         if save_now and last:
@@ -403,6 +435,11 @@ class Trainer:
                 self._run_evaluation(reporter, clock))
             if reached and save_now and last:
                 self.save(reporter, clock)  # the checkpoint must know the target is met
+            if reached and cfg.train.stop_at_target and not last:
+                self.stopped_at_target = True  # every rank saw the same reduced values
+                if cfg.checkpoint.at_end:
+                    self.save(reporter, clock)
+                return
         if save_now and not last:
             self.heartbeat.at(step, "checkpoint")
             self.save(reporter, clock)
@@ -439,8 +476,12 @@ class Trainer:
         }
         if self.task.tokens_per_sample:
             summary["tokens_per_s"] = summary["samples_per_s"] * self.task.tokens_per_sample
+        if self.started_at is not None:  # this attempt's first step (time.time())
+            summary["train_started_at"] = self.started_at
         if progress.target_reached is not None:
             summary["time_to_target_s"] = progress.target_reached["elapsed_s"]
+            if "evaluated_s" in progress.target_reached:
+                summary["time_to_target_end_s"] = progress.target_reached["evaluated_s"]
             summary["target"] = f"{cfg.train.target} at step {progress.target_reached['step']}"
         elif self.target is not None:
             summary["target"] = f"{cfg.train.target} not reached"
@@ -449,5 +490,10 @@ class Trainer:
 
 
 def export_model(trainer: Trainer) -> torch.nn.Module | None:
-    """The trained weights in a plain module that no process group owns. All ranks."""
-    return trainer.strategy.export_model(trainer.task.model)
+    """The trained weights (their average under train.ema_decay) in a plain module that no
+    process group owns. All ranks."""
+    with averaged(trainer.ema, trainer.strategy.weights_replaced):
+        model = trainer.strategy.export_model(trainer.task.model)
+        if trainer.ema is not None and model is trainer.strategy.module:
+            model = copy.deepcopy(model)  # the live module gets its own weights back
+    return model

@@ -19,7 +19,8 @@ from tandem.config import Config
 from tandem.errors import UsageError
 from tandem.optim.schedule import lr_multiplier
 
-GUARDED = ("train.global_batch", "train.batch_ramp", "run.seed", "precision.mode")
+GUARDED = ("train.global_batch", "train.batch_ramp", "run.seed", "precision.mode",
+           "train.label_smoothing", "train.seq_ramp")
 GUARDED_SECTIONS = ("optim",)
 OPTIMIZER = "optimizer"  # the pseudo-key of the optimizer's type and settings
 IGNORED_GROUP_KEYS = ("params", "lr", "initial_lr")  # lr is the schedule's, every step
@@ -32,7 +33,7 @@ def _flat(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _stretched(optim: Mapping[str, Any]) -> bool:
     """Whether the schedule (lr or momentum) is laid out over train.steps."""
-    return (optim.get("schedule") in ("warmup_cosine", "onecycle")
+    return (optim.get("schedule") in ("warmup_cosine", "onecycle", "warmup_linear", "wsd")
             or optim.get("momentum_schedule") == "onecycle")
 
 
