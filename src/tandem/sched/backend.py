@@ -69,6 +69,11 @@ class Backend(Protocol):
         """Start the attempt whose spec is written in `plan.attempt_dir`; return its handle."""
         ...
 
+    def find(self, marker: str, attempt_dir: Path) -> dict[str, Any] | None:
+        """The handle of an attempt the service started but did not record (it stopped
+        in between); None when the attempt never started."""
+        ...
+
     def alive(self, handle: Mapping[str, Any]) -> bool:
         """Whether the attempt may still be running (False only when it surely is not)."""
         ...
@@ -141,14 +146,13 @@ def job_command(plan: LaunchPlan) -> list[str]:
             "--max-restarts", "0", job.script, *args]
 
 
-def attempt_spec(plan: LaunchPlan, env: Mapping[str, str] | None = None,
-                 stop_if_orphaned: bool = False) -> dict[str, Any]:
+def attempt_spec(plan: LaunchPlan, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What `tandem.sched.attempt` runs: command, directory, environment."""
     return {"command": job_command(plan), "cwd": plan.job.cwd,
             "env": {**plan.job.env, **(env or {}), JOB_ENV: plan.job.job_id,
                     ATTEMPT_ENV: plan.marker, "OMP_NUM_THREADS":
                         plan.job.env.get("OMP_NUM_THREADS", "1")},
-            "stop_if_orphaned": stop_if_orphaned, "procs": plan.procs, "batch": plan.batch,
+            "procs": plan.procs, "batch": plan.batch,
             "attempt": plan.attempt}
 
 

@@ -51,7 +51,7 @@ CREATE TABLE IF NOT EXISTS sched_resizes (
     decided REAL NOT NULL, from_procs INTEGER NOT NULL, to_procs INTEGER NOT NULL,
     from_batch INTEGER, to_batch INTEGER, stopped REAL, stopped_step INTEGER,
     resumed_step INTEGER, training_again REAL, first_window REAL, steps_redone INTEGER,
-    PRIMARY KEY (job_id, attempt));
+    closed INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (job_id, attempt));
 CREATE TABLE IF NOT EXISTS sched_service (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 

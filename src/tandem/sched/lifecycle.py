@@ -101,11 +101,12 @@ def stop_record(job: JobRecord, attempt: Attempt, kind: str, decided: float,
             "from_batch": attempt.batch, "to_batch": to_batch}
 
 
-def complete_record(row: dict[str, Any], attempts: list[Attempt],
-                    measured: Measured) -> dict[str, Any] | None:
+def complete_record(row: dict[str, Any], attempts: list[Attempt], measured: Measured,
+                    job_done: bool) -> dict[str, Any] | None:
     """Fill what the store now tells of a stop: when it ended, at which step, when the
     next attempt trained again and how many steps it redid. None while nothing new is
-    known."""
+    known. A record is closed once the next attempt logged its first window, or ended
+    without training, or the job ended without another attempt."""
     stopped = next((a for a in attempts if a.attempt == row["attempt"]), None)
     after = next((a for a in attempts if a.attempt == row["attempt"] + 1), None)
     if stopped is None or stopped.ended is None:
@@ -121,13 +122,17 @@ def complete_record(row: dict[str, Any], attempts: list[Attempt],
             new["stopped_step"] = max(seen, default=0)
     if after is not None and new.get("training_again") is None:
         resumed = measured.first_event("resume", after.launched)
-        if resumed is not None:
+        if resumed is not None and (after.ended is None or resumed["time"] <= after.ended):
             new["training_again"] = resumed["time"]
             new["resumed_step"] = int(resumed["step"])
             new["steps_redone"] = max(0, int(new["stopped_step"]) - int(resumed["step"]))
-    if after is not None and new.get("first_window") is None and new.get("training_again"):
-        window = measured.first_window(after.launched)
-        if window is not None:
+        elif after.ended is not None:
+            new["closed"] = 1  # the next attempt ended before it trained
+    if after is not None and new.get("training_again") and not new.get("closed"):
+        window = measured.first_window(new["training_again"])
+        if window is not None and (after.ended is None or window.time <= after.ended):
             new["first_window"] = window.time
+            new["closed"] = 1
+    if after is None and job_done:
+        new["closed"] = 1
     return None if new == row else new
-

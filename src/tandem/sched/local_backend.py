@@ -16,11 +16,19 @@ import signal
 import socket
 import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-from tandem.sched.backend import ATTEMPT_ENV, LaunchPlan, kill_marked, shim_command
+from tandem.sched.attempt import SHIM_FILE, read_json
+from tandem.sched.backend import (
+    ATTEMPT_ENV,
+    LaunchPlan,
+    kill_marked,
+    marked_processes,
+    shim_command,
+)
 from tandem.sched.cluster import Cluster
 
 log = logging.getLogger("tandem")
@@ -89,6 +97,22 @@ class LocalBackend:
             self._taken[plan.marker] = gpus
         return {"host": self.host, "pid": child.pid, "started": _create_time(child.pid),
                 "marker": plan.marker, "gpus": gpus}
+
+    def find(self, marker: str, attempt_dir: Path) -> dict[str, Any] | None:
+        """The handle of an attempt whose launch the service did not record: its shim,
+        found by the marker its processes carry, or by the pid it wrote."""
+        marked = marked_processes(marker)
+        pids = {p.pid for p in marked}
+        roots = [p for p in marked if p.ppid() not in pids]
+        if roots:
+            shim = min(roots, key=lambda p: p.create_time())
+            return {"host": self.host, "pid": shim.pid, "started": shim.create_time(),
+                    "marker": marker, "gpus": None}
+        written = read_json(attempt_dir / SHIM_FILE)
+        if written is None:
+            return None
+        return {"host": written.get("host"), "pid": written["pid"], "started": None,
+                "marker": marker, "gpus": None}
 
     def _process(self, handle: Mapping[str, Any]) -> psutil.Process | None:
         """The attempt's shim if it is still this process (not a recycled pid)."""

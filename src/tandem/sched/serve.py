@@ -35,11 +35,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds between checks of running jobs (default 0.5)")
     parser.add_argument("--stop-timeout", type=float, default=120.0,
                         help="seconds a graceful stop may take before a kill (default 120)")
+    parser.add_argument("--restart-delay", type=float, default=15.0,
+                        help="seconds a resize is assumed to cost a job until it has "
+                             "measured one (default 15)")
     parser.add_argument("--max-failures", type=int, default=3,
                         help="failed attempts a job survives, resumed each time (default 3)")
     parser.add_argument("--las-threshold", type=float, default=None,
                         help="tiresias: attained process-seconds that demote a job "
                              "(default 57600, 16 process-hours)")
+    parser.add_argument("--first-size", type=int, default=None,
+                        help="goodput: processes a job gets before it has measured itself "
+                             "(default 2)")
     parser.add_argument("--slots", type=int, default=None,
                         help="local: slots to hand out (default: GPUs, else CPU cores)")
     parser.add_argument("--ray-address", default=None,
@@ -52,10 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "requires a token: $TANDEM_SCHED_TOKEN, else printed at start)")
 
 
-def make_policy(name: str, las_threshold: float | None = None) -> Policy:
+def make_policy(name: str, las_threshold: float | None = None,
+                first_size: int | None = None) -> Policy:
     """The named policy, the object the simulator also runs."""
-    from tandem.sched import POLICIES, TiresiasPolicy
+    from tandem.sched import POLICIES, GoodputPolicy, TiresiasPolicy
 
+    if name == "goodput" and first_size is not None:
+        return GoodputPolicy(first_size=first_size)
     if name == "tiresias" and las_threshold is not None:
         if las_threshold <= 0:
             raise ValueError(f"--las-threshold: {las_threshold}; need > 0 process-seconds")
@@ -85,8 +94,9 @@ def serve(ns: argparse.Namespace, console: Console) -> int:
     _log_to_stderr()
     store = store_location(ns.store)
     options = ServiceOptions(interval_s=ns.interval, poll_s=ns.poll,
-                             stop_timeout_s=ns.stop_timeout, max_failures=ns.max_failures)
-    policy = make_policy(ns.service_policy, ns.las_threshold)
+                             stop_timeout_s=ns.stop_timeout, max_failures=ns.max_failures,
+                             restart_delay_s=ns.restart_delay)
+    policy = make_policy(ns.service_policy, ns.las_threshold, ns.first_size)
     store.parent.mkdir(parents=True, exist_ok=True)
     lock = ServiceLock(store)
     api = None

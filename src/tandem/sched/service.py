@@ -38,7 +38,7 @@ from tandem.sched.jobstore import SchedStore
 from tandem.sched.measured import read
 from tandem.sched.policy import Policy
 from tandem.sched.records import ACTIVE, Attempt, JobRecord
-from tandem.sched.views import JobState, choose_batch
+from tandem.sched.views import DEFAULT_RESTART_DELAY_S, JobState, choose_batch
 
 log = logging.getLogger("tandem")
 
@@ -57,11 +57,15 @@ class ServiceOptions:
     """An attempt the backend no longer knows gets this long to write its exit status."""
     max_failures: int = 3
     """Non-graceful ends a job survives (each resumed from its checkpoint)."""
+    restart_delay_s: float = DEFAULT_RESTART_DELAY_S
+    """Seconds a resize is assumed to cost a job before it has measured one of its own."""
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "poll_s", "stop_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: {getattr(self, name)} is not allowed; need > 0")
+        if self.restart_delay_s < 0:
+            raise ValueError(f"restart_delay_s: {self.restart_delay_s}; need >= 0")
         if self.max_failures < 0:
             raise ValueError(f"max_failures: {self.max_failures}; need >= 0")
 
@@ -111,6 +115,7 @@ class Service:
         self.last_sizes: dict[str, int] = {}
         self.seen: tuple[int, int] = (-1, -1)  # (jobs submitted, jobs done) last decided on
         self.lost_since: dict[tuple[str, int], float] = {}
+        self.stops_sent: set[tuple[str, int]] = set()  # (job, attempt) told to stop
 
     # ------------------------------------------------------------------ loop
     def run(self, stop: threading.Event) -> None:
@@ -154,14 +159,13 @@ class Service:
             adopt = getattr(self.backend, "adopt", None)
             if adopt is not None:
                 adopt(handle)
-            if job.state == "stopping":
-                self.backend.stop(handle)
             log.info("adopted %s attempt %d (%s)", job.job_id, attempt.attempt, handle)
 
     def _handle_from_disk(self, job: JobRecord, attempt: Attempt) -> dict | None:
-        shim = read_json(self.job_dir(job) / f"attempt-{attempt.attempt}" / SHIM_FILE)
-        finder = getattr(self.backend, "handle_from_shim", None)
-        return None if shim is None or finder is None else finder(shim)
+        """Ask the backend for an attempt launched just before the service stopped."""
+        plan = LaunchPlan(job=job, attempt=attempt.attempt, procs=attempt.procs,
+                          batch=attempt.batch, store=self.store_path, job_dir=self.job_dir(job))
+        return self.backend.find(plan.marker, plan.attempt_dir)
 
     def job_dir(self, job: JobRecord) -> Path:
         """The job's directory of attempts (spec, log, exit status)."""
@@ -214,17 +218,20 @@ class Service:
             if attempt is None:
                 continue
             if job.cancel_requested and job.state == "running":
-                if self.store.request_stop(job.job_id, attempt.attempt, "cancel", 0, None,
-                                           now):
-                    self.backend.stop(attempt.handle)
+                self.store.request_stop(job.job_id, attempt.attempt, "cancel", 0, None, now)
             elif (job.state == "stopping" and attempt.stop_requested is not None
                   and now - attempt.stop_requested > self.options.stop_timeout_s):
                 log.warning("%s did not stop within %.0f s: killing it", job.job_id,
                             self.options.stop_timeout_s)
                 self.backend.kill(attempt.handle)
+        self.deliver_stops()
         free = self.cluster.capacity - self.held()
         for job in self.store.jobs(("stopping",)):  # resized: relaunch at the new size
             if job.job_id in open_attempts or not job.target_procs:
+                continue
+            if job.cancel_requested:
+                self.store.update_job(job.job_id, ("stopping",), state="cancelled",
+                                      finished=now, message="cancelled between sizes")
                 continue
             if job.target_procs <= free and self.launch(job, job.target_procs,
                                                         job.target_batch):
@@ -238,13 +245,26 @@ class Service:
                 if self.launch(job, procs, batch):
                     free -= procs
 
+    def deliver_stops(self) -> None:
+        """Send each stopping job's attempt its graceful stop, once, as soon as its shim is
+        ready to relay it (a stop sent before would end the shim, and with it the status).
+        After a restart every pending stop is sent again: a second SIGTERM is harmless."""
+        open_attempts = {a.job_id: a for a in self.store.attempts(open_only=True)}
+        for job in self.store.jobs(("stopping",)):
+            attempt = open_attempts.get(job.job_id)
+            if attempt is None or (job.job_id, attempt.attempt) in self.stops_sent:
+                continue
+            if (self.job_dir(job) / f"attempt-{attempt.attempt}" / SHIM_FILE).is_file():
+                self.backend.stop(attempt.handle)
+                self.stops_sent.add((job.job_id, attempt.attempt))
+
     def launch(self, job: JobRecord, procs: int, batch: int | None) -> bool:
         """Start the job's next attempt at `procs` processes; False if it could not."""
         number = max((a.attempt for a in self.store.attempts(job.job_id)), default=0) + 1
         plan = LaunchPlan(job=job, attempt=number, procs=procs, batch=batch,
                           store=self.store_path, job_dir=self.job_dir(job))
         plan.attempt_dir.mkdir(parents=True, exist_ok=True)
-        spec = attempt_spec(plan, stop_if_orphaned=getattr(self.backend, "orphan_stop", False))
+        spec = attempt_spec(plan)
         write_atomic(plan.attempt_dir / SPEC_FILE, spec)
         record = Attempt(job_id=job.job_id, attempt=number, backend=self.backend.name,
                          procs=procs, batch=batch, launched=time.time())
@@ -284,7 +304,8 @@ class Service:
                 continue
             out.append(JobState(record=job, attempts=self.store.attempts(job.job_id),
                                 measured=read(self.runs, job.run_name),
-                                restart_delays=delays.get(job.job_id, ())))
+                                restart_delays=delays.get(job.job_id, ()),
+                                default_restart_delay=self.options.restart_delay_s))
         return out
 
     def _restart_delays(self) -> dict[str, list[float]]:
@@ -319,7 +340,6 @@ class Service:
                 if self.store.request_stop(job.job_id, attempt.attempt, kind, size, batch, now):
                     self.store.record_resize(lifecycle.stop_record(job, attempt, kind, now,
                                                                    size, batch))
-                    self.backend.stop(attempt.handle)
                     changes[job.job_id] = f"{kind} {job.procs} -> {size}"
             elif job.state == "queued" and size:
                 self.intents[job.job_id] = (size, choose_batch(state, view, size,
@@ -332,10 +352,11 @@ class Service:
     def complete_records(self) -> None:
         """Fill in the stop records from what the attempts and run store now tell."""
         for row in self.store.resizes():
-            if row.get("first_window") is not None:
+            if row.get("closed"):
                 continue
             job = self.store.job(row["job_id"])
             new = lifecycle.complete_record(row, self.store.attempts(job.job_id),
-                                            read(self.runs, job.run_name))
+                                            read(self.runs, job.run_name),
+                                            job.state not in ACTIVE)
             if new is not None:
                 self.store.record_resize(new)

@@ -33,6 +33,8 @@ class JobState:
     measured: Measured
     restart_delays: Sequence[float] = ()
     """Measured seconds from a resize decision to training again, this job's."""
+    default_restart_delay: float = DEFAULT_RESTART_DELAY_S
+    """What a restart is assumed to cost before the job has measured one."""
 
     @property
     def base_batch(self) -> int | None:
@@ -74,7 +76,7 @@ class JobState:
             if self.record.state in ("running", "stopping") else (),
             attained_service=sum(a.held(now) for a in self.attempts),
             started=bool(self.attempts), restarts=max(0, len(self.attempts) - 1),
-            restart_delay=statistics.median(delays) if delays else DEFAULT_RESTART_DELAY_S,
+            restart_delay=statistics.median(delays) if delays else self.default_restart_delay,
             throughput=throughput_model(rates, cluster.slots_per_node),
             efficiency=self.measured.efficiency(base) if rates else None,
             max_measured_procs=max((p for p, _ in rates), default=0))

@@ -1,7 +1,8 @@
 """The toy task as a scheduled job: logs the sample ids it trains on (TANDEM_SAMPLE_LOG).
 
-TOY_STEP_SLEEP (seconds) stretches each training micro-batch so that a test's scheduler
-decisions land while the job trains.
+TOY_SAMPLE_SLEEP (seconds per sample) stretches each training micro-batch in proportion to
+its size, as compute would (two processes take half the time per step), so that a test's
+scheduler decisions land while the job trains.
 """
 
 import os
@@ -11,13 +12,13 @@ import tandem
 from tandem.sched.sample_audit import SampleLog
 from tests.dist import toy_task
 
-SLEEP = float(os.environ.get("TOY_STEP_SLEEP", "0"))
+SLEEP = float(os.environ.get("TOY_SAMPLE_SLEEP", "0"))
 IDS = SampleLog()
 
 
 def loss(out, batch):
     if SLEEP and out.requires_grad:
-        time.sleep(SLEEP)
+        time.sleep(SLEEP * len(batch[2]))
     IDS.record(batch[2])
     return toy_task.loss(out, batch)
 
