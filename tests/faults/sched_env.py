@@ -26,8 +26,9 @@ TOY_SEED = 0  # run.seed's default
 class SchedEnv:
     """One store in a temporary directory, a service on it, and the jobs it runs."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, extra_env: dict[str, str] | None = None) -> None:
         self.tmp = tmp
+        self.extra_env = dict(extra_env or {})
         self.store = tmp / "runs" / "tandem.db"
         self.ids = tmp / "ids"
         self.service: subprocess.Popen | None = None
@@ -36,7 +37,7 @@ class SchedEnv:
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of every command: the store, the repo importable, one thread."""
         out = dict(os.environ, TANDEM_STORE=str(self.store), PYTHONPATH=str(ROOT),
-                   OMP_NUM_THREADS="1", **extra)
+                   OMP_NUM_THREADS="1", **self.extra_env, **extra)
         for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
             out.pop(key, None)
         return out

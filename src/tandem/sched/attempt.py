@@ -5,7 +5,8 @@ attempt directory the scheduler last named in `JOB_DIR/current`: a Slurm batch s
 that is requeued runs the attempt the scheduler prepared for it) reads `spec.json` from
 the attempt directory, starts the command, and writes
 
-- `shim.json`: its own pid and host, then the launcher's pid once started;
+- `shim.json`: its own pid and host, then the launcher's pid once started; touched every
+  half second while the launcher runs (a heartbeat);
 - `exit.json`: the launcher's exit status and the time, written atomically when it ends;
 - `log.txt`: the launcher's output (and so every rank's).
 
@@ -100,11 +101,21 @@ def run(attempt_dir: Path) -> int:
             code = child.wait(timeout=ORPHAN_POLL_S)
             break
         except subprocess.TimeoutExpired:
+            _beat(attempt_dir)
             if guardian and not relayed and not _alive(guardian):
                 print(f"tandem: the attempt's guardian (pid {guardian}) is gone: stopping "
                       "the job with a checkpoint", file=sys.stderr)
                 relay(signal.SIGTERM, None)
     return _finish(attempt_dir, exit_status(code), relayed)
+
+
+def _beat(attempt_dir: Path) -> None:
+    """Touch shim.json: its modification time says the attempt is alive (the scheduler
+    reads it where it cannot see the process itself, e.g. while a stop runs on)."""
+    try:
+        os.utime(attempt_dir / SHIM_FILE)
+    except OSError:
+        pass
 
 
 def _alive(pid: int) -> bool:

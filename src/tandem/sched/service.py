@@ -54,7 +54,8 @@ class ServiceOptions:
     stop_timeout_s: float = 120.0
     """A graceful stop not done after this long is turned into a kill (steps are redone)."""
     lost_grace_s: float = 10.0
-    """An attempt the backend no longer knows gets this long to write its exit status."""
+    """An attempt the backend no longer knows, whose heartbeat stopped, gets this long to
+    write its exit status before it is taken as lost."""
     max_failures: int = 3
     """Non-graceful ends a job survives (each resumed from its checkpoint)."""
     restart_delay_s: float = DEFAULT_RESTART_DELAY_S
@@ -181,7 +182,8 @@ class Service:
             if status is not None:
                 self._ended(job, attempt, int(status["code"]), float(status["ended"]))
                 continue
-            if not attempt.handle or self.backend.alive(attempt.handle):
+            if (not attempt.handle or self.backend.alive(attempt.handle)
+                    or self._beating(attempt_dir, now)):
                 self.lost_since.pop((job.job_id, attempt.attempt), None)
                 continue
             key = (job.job_id, attempt.attempt)
@@ -190,6 +192,14 @@ class Service:
                 self.lost_since.pop(key)
                 self.backend.kill(attempt.handle)
                 self._ended(job, attempt, None, now)
+
+    def _beating(self, attempt_dir: Path, now: float) -> bool:
+        """Whether the attempt's shim touched its heartbeat lately (it runs, whatever the
+        backend says: e.g. a job finishing its graceful stop after its actor died)."""
+        try:
+            return now - (attempt_dir / SHIM_FILE).stat().st_mtime < self.options.lost_grace_s
+        except OSError:
+            return False
 
     def _ended(self, job: JobRecord, attempt: Attempt, code: int | None, ended: float) -> None:
         self.backend.release(attempt.handle)
