@@ -100,29 +100,32 @@ def audit(batches: Iterable[Sequence[int]], seed: int, dataset_len: int) -> Audi
     """Check logged micro-batches against the global order of (seed, dataset_len)."""
     from tandem.data.sampler import epoch_order
 
-    positions: list[torch.Tensor] = []  # epoch -> inverse permutation
-    counts: list[torch.Tensor] = []
-    not_slices = 0
     batches = [list(b) for b in batches if b]
-    total = sum(len(b) for b in batches)
-    most_epochs = total // max(1, dataset_len) + 2
+    most_epochs = sum(len(b) for b in batches) // max(1, dataset_len) + 2
+    inverses = []
+    for epoch in range(most_epochs):
+        order = epoch_order(seed, epoch, dataset_len)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(dataset_len)
+        inverses.append(inverse)
+    counts = [torch.zeros(dataset_len, dtype=torch.int64) for _ in range(most_epochs)]
+    # Each micro-batch's candidates: (epoch, positions) where it is a contiguous slice.
+    # A short slice may be contiguous by chance in another epoch too: slices with one
+    # candidate are placed first, then the others where their positions are still free.
+    found: list[list[tuple[int, torch.Tensor]]] = []
     for ids in batches:
         index = torch.tensor(ids)
-        placed = False
-        for epoch in range(most_epochs):
-            while len(positions) <= epoch:
-                order = epoch_order(seed, len(positions), dataset_len)
-                inverse = torch.empty_like(order)
-                inverse[order] = torch.arange(dataset_len)
-                positions.append(inverse)
-                counts.append(torch.zeros(dataset_len, dtype=torch.int64))
-            where = positions[epoch][index]
-            contiguous = bool((where == where[0] + torch.arange(len(ids))).all())
-            if contiguous and (len(ids) > 1 or counts[epoch][where[0]] == 0):
-                counts[epoch][where] += 1
-                placed = True
-                break
-        not_slices += not placed
+        options = []
+        for epoch, inverse in enumerate(inverses):
+            where = inverse[index]
+            if bool((where == where[0] + torch.arange(len(ids))).all()):
+                options.append((epoch, where))
+        found.append(options)
+    not_slices = sum(1 for options in found if not options)
+    for options in sorted((o for o in found if o), key=len):
+        free = [(e, w) for e, w in options if not bool(counts[e][w].any())]
+        epoch, where = (free or options)[0]
+        counts[epoch][where] += 1
     last = max((i for i, c in enumerate(counts) if int(c.sum())), default=-1)
     used = counts[:last + 1]
     repeated = sum(int((c - 1).clamp(min=0).sum()) for c in used)
