@@ -24,15 +24,18 @@ from tandem.sched.records import Attempt, JobRecord
 PREEMPTED_EXIT_CODE = 75  # tandem.trainer.guard's, kept literal: the service imports no torch
 INTERRUPTED_EXIT_CODE = 130
 GRACEFUL = (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE)
+SIGTERM_STATUS = 128 + 15
 
 
-def outcome_of(code: int | None) -> str:
-    """The name recorded for an attempt's end."""
+def outcome_of(code: int | None, stop_requested: bool = False) -> str:
+    """The name recorded for an attempt's end. A launcher ended by the SIGTERM it was sent
+    (before its job could turn it into a commit) was stopped too: it resumes from its
+    last checkpoint, as any stopped job does."""
     if code is None:
         return "lost"
     if code == 0:
         return "completed"
-    if code in GRACEFUL:
+    if code in GRACEFUL or (stop_requested and code == SIGTERM_STATUS):
         return "stopped"
     if code == USAGE_EXIT_CODE:
         return "usage"
@@ -58,7 +61,7 @@ def settle(store: SchedStore, job: JobRecord, attempt: Attempt, code: int | None
     A job left in 'stopping' with a positive target size is waiting to be relaunched at
     that size (the service does it as soon as the slots are free).
     """
-    outcome = outcome_of(code)
+    outcome = outcome_of(code, attempt.stop_requested is not None)
     store.close_attempt(job.job_id, attempt.attempt, code, outcome, ended)
     expect = ("running", "stopping")
     if job.cancel_requested and outcome != "completed":

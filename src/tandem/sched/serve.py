@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--las-threshold", type=float, default=None,
                         help="tiresias: attained process-seconds that demote a job "
                              "(default 57600, 16 process-hours)")
+    parser.add_argument("--min-run", type=float, default=30.0,
+                        help="seconds a job trains after each (re)start before the policy "
+                             "may stop or resize it again (default 30; one-node clusters)")
     parser.add_argument("--first-size", type=int, default=None,
                         help="goodput: processes a job gets before it has measured itself "
                              "(default 2)")
@@ -59,17 +62,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def make_policy(name: str, las_threshold: float | None = None,
-                first_size: int | None = None) -> Policy:
-    """The named policy, the object the simulator also runs."""
+                first_size: int | None = None, min_run: float = 30.0) -> Policy:
+    """The named policy (the object the simulator also runs), runs pinned for `min_run`."""
     from tandem.sched import POLICIES, GoodputPolicy, TiresiasPolicy
+    from tandem.sched.pinning import Pinned
 
     if name == "goodput" and first_size is not None:
-        return GoodputPolicy(first_size=first_size)
-    if name == "tiresias" and las_threshold is not None:
+        inner: Policy = GoodputPolicy(first_size=first_size)
+    elif name == "tiresias" and las_threshold is not None:
         if las_threshold <= 0:
             raise ValueError(f"--las-threshold: {las_threshold}; need > 0 process-seconds")
-        return TiresiasPolicy(thresholds=(las_threshold,))
-    return POLICIES[name]()
+        inner = TiresiasPolicy(thresholds=(las_threshold,))
+    else:
+        inner = POLICIES[name]()
+    return Pinned(inner, min_run)
 
 
 def make_backend(ns: argparse.Namespace) -> Any:
@@ -96,7 +102,7 @@ def serve(ns: argparse.Namespace, console: Console) -> int:
     options = ServiceOptions(interval_s=ns.interval, poll_s=ns.poll,
                              stop_timeout_s=ns.stop_timeout, max_failures=ns.max_failures,
                              restart_delay_s=ns.restart_delay)
-    policy = make_policy(ns.service_policy, ns.las_threshold, ns.first_size)
+    policy = make_policy(ns.service_policy, ns.las_threshold, ns.first_size, ns.min_run)
     store.parent.mkdir(parents=True, exist_ok=True)
     lock = ServiceLock(store)
     api = None

@@ -207,7 +207,7 @@ class Service:
         state = lifecycle.settle(self.store, job, attempt, code, ended,
                                  self.options.max_failures, log_path)
         log.info("%s attempt %d ended (%s, exit %s): %s", job.job_id, attempt.attempt,
-                 lifecycle.outcome_of(code), code, state)
+                 lifecycle.outcome_of(code, attempt.stop_requested is not None), code, state)
         if state in ("queued",) and attempt.stop_requested is None:
             # Not asked to stop (a failure, another's preemption): resumed at the next
             # decision, which records how long training was lost.
@@ -256,15 +256,18 @@ class Service:
                     free -= procs
 
     def deliver_stops(self) -> None:
-        """Send each stopping job's attempt its graceful stop, once, as soon as its shim is
-        ready to relay it (a stop sent before would end the shim, and with it the status).
-        After a restart every pending stop is sent again: a second SIGTERM is harmless."""
+        """Send each stopping job's attempt its graceful stop, once, as soon as it can be a
+        graceful one: its shim is up to relay it and its job has started training (before
+        that, neither the launcher nor the ranks turn SIGTERM into a commit yet). After a
+        restart every pending stop is sent again: a second SIGTERM is harmless."""
         open_attempts = {a.job_id: a for a in self.store.attempts(open_only=True)}
         for job in self.store.jobs(("stopping",)):
             attempt = open_attempts.get(job.job_id)
             if attempt is None or (job.job_id, attempt.attempt) in self.stops_sent:
                 continue
-            if (self.job_dir(job) / f"attempt-{attempt.attempt}" / SHIM_FILE).is_file():
+            shim = (self.job_dir(job) / f"attempt-{attempt.attempt}" / SHIM_FILE).is_file()
+            trained = read(self.runs, job.run_name).first_window(attempt.launched) is not None
+            if shim and trained:
                 self.backend.stop(attempt.handle)
                 self.stops_sent.add((job.job_id, attempt.attempt))
 

@@ -71,15 +71,28 @@ class JobState:
         rates = self.rates()
         base = self.base_batch or 1
         delays = list(self.restart_delays)
+        held = self.record.state in ("running", "stopping")
         return JobView(
-            spec=self.spec(epoch), placement=(0,) * self.record.procs
-            if self.record.state in ("running", "stopping") else (),
+            spec=self.spec(epoch), placement=(0,) * self.record.procs if held else (),
+            running_since=self.running_since(epoch, now),
             attained_service=sum(a.held(now) for a in self.attempts),
             started=bool(self.attempts), restarts=max(0, len(self.attempts) - 1),
             restart_delay=statistics.median(delays) if delays else self.default_restart_delay,
             throughput=throughput_model(rates, cluster.slots_per_node),
             efficiency=self.measured.efficiency(base) if rates else None,
             max_measured_procs=max((p for p, _ in rates), default=0))
+
+
+    def running_since(self, epoch: float, now: float) -> float | None:
+        """When the current attempt started training (schedule clock): its first window;
+        `now` for a running attempt that has not trained yet; None when nothing runs."""
+        if self.record.state not in ("running", "stopping"):
+            return None
+        current = [a for a in self.attempts if a.ended is None]
+        if not current:
+            return None
+        window = self.measured.first_window(current[-1].launched)
+        return (window.time if window is not None else now) - epoch
 
 
 def choose_batch(state: JobState, view: JobView, procs: int, cluster: Cluster) -> int | None:
