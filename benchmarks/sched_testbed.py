@@ -134,7 +134,9 @@ def collect(policy: str, store: Path, folder: Path, start: float, ids: dict[str,
                            if attempt.launched <= w.time <= (attempt.ended or 1e18)]
                 if windows:
                     starts.append(windows[0].time - attempt.launched)
-                    rates.setdefault(attempt.procs, []).extend(w.rate for w in windows[1:])
+                    # the first window holds the start-up (unless it is the only one)
+                    rates.setdefault(attempt.procs, []).extend(
+                        w.rate for w in windows[1:] or windows)
                     if attempt.outcome == "completed":
                         tails.append(attempt.ended - windows[-1].time)
             per_job[job.name] = {
@@ -216,16 +218,19 @@ def main() -> None:
     ns = parser.parse_args()
     JOBS[:] = scaled(JOBS, ns.scale)
     results = []
+    ns.out.mkdir(parents=True, exist_ok=True)
     for policy in ns.policies:
         print(f"{policy}: running 8 jobs (load {os.getloadavg()[0]:.2f}) ...", flush=True)
         results.append(run_policy(policy, ns.out, ns.timeout))
         r = results[-1]
+        (ns.out / f"{policy}.json").write_text(json.dumps(r, indent=2, default=str))
         print(f"{policy}: mean JCT {r['mean_jct']:.1f} s, makespan {r['makespan']:.1f} s, "
               f"{r['resizes']} resizes, {r['preemptions']} preemptions, load "
               f"{r['load']['before'][0]:.2f} -> {r['load']['after'][0]:.2f}", flush=True)
     predicted = predict(results)
     (ns.out / "results.json").write_text(json.dumps(
-        {"results": results, "predicted": predicted}, indent=2, default=str))
+        {"results": results, "predicted": predicted, "jobs": [j.__dict__ for j in JOBS]},
+        indent=2, default=str))
     print_tables(results, predicted)
     print(f"figures: {ns.out / 'results.json'}")
 

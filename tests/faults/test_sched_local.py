@@ -12,7 +12,7 @@ from tandem.sched.jobstore import SchedStore
 from tests.faults.sched_env import SchedEnv, state_of, trained
 
 SERVICE = ("--backend", "local", "--slots", "2", "--interval", "2", "--first-size", "1",
-           "--restart-delay", "2")
+           "--restart-delay", "2", "--min-run", "5")
 A_STEPS, B_STEPS, BATCH = 500, 30, 40  # the toy script's global batch
 
 

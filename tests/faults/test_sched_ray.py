@@ -32,7 +32,8 @@ def test_ray_preemption_and_killed_actor(tmp_path: Path) -> None:
         env = SchedEnv(tmp_path)
         try:
             a = env.submit("--train.steps", str(A_STEPS), "--procs", "1", "--name", "long")
-            env.start_service("--backend", "ray", "--ray-address", address, "--interval", "2")
+            env.start_service("--backend", "ray", "--ray-address", address, "--interval", "2",
+                              "--min-run", "5")
             env.wait_for("the long job training", trained(a, 1, env.store), 120)
             b = env.submit("--train.steps", str(B_STEPS), "--procs", "1", "--priority", "1",
                            "--name", "urgent")

@@ -21,7 +21,7 @@ def test_slurm_preemption_and_requeue(tmp_path: Path) -> None:
         env = SchedEnv(tmp_path, slurm_env)
         try:
             a = env.submit("--train.steps", str(A_STEPS), "--procs", "1:2", "--name", "long")
-            env.start_service("--backend", "slurm", "--interval", "2")
+            env.start_service("--backend", "slurm", "--interval", "2", "--min-run", "5")
             env.wait_for("the long job training", trained(a, 1, env.store), 120)
             b = env.submit("--train.steps", str(B_STEPS), "--procs", "2", "--priority", "1",
                            "--name", "urgent")

@@ -339,7 +339,12 @@ class Service:
             return
         epoch = self.store.epoch()
         views = [s.view(epoch, now, self.cluster) for s in states]
-        allocations = self.policy.allocate(views, self.cluster, now - epoch)
+        try:
+            allocations = self.policy.allocate(views, self.cluster, now - epoch)
+        except ValueError as err:  # e.g. a rigid policy given jobs another one resized
+            log.error("policy %s cannot decide: %s; running jobs go on, waiting jobs wait",
+                      self.policy.name, err)
+            return
         sizes = {v.job_id: len(allocations.get(v.job_id, ())) for v in views}
         changes: dict[str, str] = {}
         self.intents = {}
