@@ -41,6 +41,7 @@ from tandem.sched.records import ACTIVE, Attempt, JobRecord
 from tandem.sched.views import DEFAULT_RESTART_DELAY_S, JobState, choose_batch
 
 log = logging.getLogger("tandem")
+MAX_FAILED_TICKS = 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,10 +121,23 @@ class Service:
 
     # ------------------------------------------------------------------ loop
     def run(self, stop: threading.Event) -> None:
-        """Tick until `stop` is set (running jobs keep running afterwards)."""
+        """Tick until `stop` is set (running jobs keep running afterwards).
+
+        A tick that fails (a locked store, an engine command that timed out) is logged
+        and the next one tries again; the service gives up only after
+        MAX_FAILED_TICKS failures in a row.
+        """
         self.recover()
+        failed = 0
         while not stop.is_set():
-            self.tick()
+            try:
+                self.tick()
+                failed = 0
+            except Exception:
+                failed += 1
+                log.exception("scheduler tick failed (%d in a row)", failed)
+                if failed >= MAX_FAILED_TICKS:
+                    raise
             stop.wait(self.options.poll_s)
 
     def close(self) -> None:
@@ -268,7 +282,10 @@ class Service:
             shim = (self.job_dir(job) / f"attempt-{attempt.attempt}" / SHIM_FILE).is_file()
             trained = read(self.runs, job.run_name).first_window(attempt.launched) is not None
             if shim and trained:
-                self.backend.stop(attempt.handle)
+                try:
+                    self.backend.stop(attempt.handle)
+                except ValueError as err:  # it ended meanwhile: reconcile will see it
+                    log.warning("%s: stop not delivered: %s", job.job_id, err)
                 self.stops_sent.add((job.job_id, attempt.attempt))
 
     def launch(self, job: JobRecord, procs: int, batch: int | None) -> bool:
