@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -41,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     from tandem.tune.command import add_arguments as tune_arguments
 
     tune_arguments(tune)
-    scheduler = sub.add_parser("scheduler", help="schedule many jobs on a cluster (simulate)")
+    scheduler = sub.add_parser("scheduler", help="the job scheduler service (--backend "
+                               "local|ray|slurm), or `simulate` a workload")
     from tandem.sched.command import add_arguments as scheduler_arguments
 
     scheduler_arguments(scheduler)
@@ -49,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     from tandem.dashboard.command import add_arguments as dashboard_arguments
 
     dashboard_arguments(dashboard)
+    from tandem.sched.jobs_cli import add_arguments as jobs_arguments
+
+    jobs_arguments(sub)
     return parser
 
 
@@ -101,7 +106,12 @@ def _compare(ns: argparse.Namespace, console: Console) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tandem` console script."""
-    ns = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "submit":  # its options may follow the script's own flags
+        from tandem.sched.jobs_cli import submit_main
+
+        return _usage_errors(lambda: submit_main(argv[1:]))
+    ns = _parser().parse_args(argv)
     console = Console()
     try:
         if ns.command == "run":
@@ -126,10 +136,22 @@ def main(argv: list[str] | None = None) -> int:
             from tandem.dashboard.command import run as dashboard
 
             return dashboard(ns)
+        elif ns.command in ("queue", "cancel", "logs"):
+            from tandem.sched.jobs_cli import run as jobs
+
+            return jobs(ns, console)
     except ValueError as err:
         print(f"tandem: error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _usage_errors(fn: Callable[[], int]) -> int:
+    try:
+        return fn()
+    except ValueError as err:
+        print(f"tandem: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`tandem scheduler ...`: the scheduler's command line (the simulator for now)."""
+"""`tandem scheduler ...`: the live service (`--backend ...`) and the simulator (`simulate`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,10 @@ PUBLISHED = {"tiresias": "tiresias", "goodput": "pollux"}
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Sub-commands of `tandem scheduler`; the live service's `--backend` mode sits beside."""
-    sub = parser.add_subparsers(dest="sched_command", required=True)
+    from tandem.sched.serve import add_arguments as service_arguments
+
+    service_arguments(parser)
+    sub = parser.add_subparsers(dest="sched_command", required=False)
     sim = sub.add_parser("simulate", help="replay a workload against measured traces")
     sim.add_argument("--policy", choices=POLICY_NAMES, default="goodput",
                      help="scheduling policy (default: goodput)")
@@ -45,6 +48,10 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     """Run the chosen `tandem scheduler` sub-command."""
     if ns.sched_command == "simulate":
         return _simulate(ns, console)
+    if ns.sched_command is None:
+        from tandem.sched.serve import serve
+
+        return serve(ns, console)
     raise ValueError(f"scheduler: unknown sub-command {ns.sched_command!r}")
 
 

@@ -100,6 +100,9 @@ class JobView:
     """Statistical efficiency from the job's latest gradient noise scale; None before any."""
     max_measured_procs: int = 0
     """Largest process count the job has been measured at."""
+    running_since: float | None = None
+    """When the job's current placement started training (schedule clock); None when it
+    holds nothing or nobody tracks it."""
 
     @property
     def job_id(self) -> str:

@@ -37,6 +37,7 @@ class SimJob:
         self.resizes = 0
         self.pending_delay = 0.0
         self.done_at: float | None = None
+        self.running_since: float | None = None
         self._samples: dict[tuple[int, int, float], StepSample] = {}
         self.throughput: ThroughputModel | None = None
         self.efficiency: EfficiencyModel | None = None
@@ -55,10 +56,12 @@ class SimJob:
                        restart_delay=self.restart_delay,
                        progress=self.progress / self.app.total_progress,
                        throughput=self.throughput, efficiency=self.efficiency,
-                       max_measured_procs=max((k[1] for k in self._samples), default=0))
+                       max_measured_procs=max((k[1] for k in self._samples), default=0),
+                       running_since=self.running_since if self.placement else None)
 
-    def reallocate(self, placement: Placement) -> None:
-        """Move to `placement` (empty: preempted); a non-empty one costs a restart."""
+    def reallocate(self, placement: Placement, now: float = 0.0) -> None:
+        """Move to `placement` (empty: preempted) at time `now`; a non-empty one costs a
+        restart, after which it trains again."""
         if placement and self.placement and len(placement) != len(self.placement):
             self.resizes += 1
         self.placement = placement
@@ -69,6 +72,7 @@ class SimJob:
             return
         self.restarts += 1
         self.pending_delay = self.restart_delay
+        self.running_since = now + self.restart_delay
         self._choose_batch()
 
     def advance(self, now: float, seconds: float) -> None:

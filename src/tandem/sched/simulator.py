@@ -115,4 +115,4 @@ def _reschedule(active: list[SimJob], policy: Policy, cluster: Cluster, now: flo
             raise ValueError(f"policy {policy.name}: job {job.spec.job_id!r} given {size} "
                              f"processes outside {job.spec.min_procs}..{job.spec.max_procs}")
         if new != job.placement:
-            job.reallocate(new)
+            job.reallocate(new, now)

@@ -1,0 +1,261 @@
+"""The live scheduler on this machine: 8 real jobs under each policy, then the simulator's
+prediction of the same testbed from the throughputs the jobs measured.
+
+Each policy in turn gets a fresh store and `tandem scheduler --backend local --slots 2`;
+the 8 jobs (examples/mnist1d_cnn.py and examples/char_lm.py as testbed jobs that log
+their sample ids, different lengths, some elastic 1:2) are submitted at fixed offsets.
+Printed per policy: mean job completion time, makespan, resizes and preemptions, resize
+latency (decision to the resumed run's 'resume' event), steps redone, and the audit of
+every job's sample ids against the global order. Then `tandem.sched.simulate` replays
+each policy on the same jobs (per-job samples/s measured at 1 and 2 processes, the
+measured start-up as restart delay, the measured teardown added to each job), and its
+mean JCT is set beside the testbed's.
+
+    python benchmarks/sched_testbed.py                      # fifo, tiresias, goodput
+    python benchmarks/sched_testbed.py --policies goodput --out /tmp/testbed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tandem.monitor.store import RunStore  # noqa: E402
+from tandem.sched import POLICIES, Cluster, JobSpec, simulate  # noqa: E402
+from tandem.sched.jobstore import SchedStore  # noqa: E402
+from tandem.sched.measured import read  # noqa: E402
+from tandem.sched.measured_app import MeasuredApplication  # noqa: E402
+from tandem.sched.pinning import Pinned  # noqa: E402
+from tandem.sched.records import DONE  # noqa: E402
+from tandem.sched.sample_audit import audit, read_logs  # noqa: E402
+from tandem.sched.submit import SubmitRequest, submit  # noqa: E402
+
+JOBS_DIR = ROOT / "benchmarks" / "sched_jobs"
+MNIST = (str(JOBS_DIR / "mnist1d_ids.py"), 128, 4000)  # script, global batch, train samples
+CHAR = (str(JOBS_DIR / "char_lm_ids.py"), 32, None)  # samples: counted at audit time
+
+
+@dataclass(frozen=True)
+class TestbedJob:
+    name: str
+    kind: tuple[str, int, int | None]
+    steps: int
+    procs: str
+    at: float
+    """Seconds after the start at which the job is submitted."""
+
+
+JOBS = [
+    TestbedJob("mnist-long", MNIST, 900, "1:2", 0),
+    TestbedJob("charlm-a", CHAR, 24, "1:2", 5),
+    TestbedJob("mnist-rigid", MNIST, 250, "2", 10),
+    TestbedJob("mnist-short", MNIST, 150, "1:2", 20),
+    TestbedJob("charlm-b", CHAR, 16, "1", 30),
+    TestbedJob("mnist-mid", MNIST, 400, "1:2", 40),
+    TestbedJob("charlm-c", CHAR, 16, "1:2", 55),
+    TestbedJob("mnist-tiny", MNIST, 120, "1", 70),
+]
+MIN_RUN = 30.0
+SERVICE_FLAGS = ("--backend", "local", "--slots", "2", "--interval", "2", "--poll", "0.3",
+                 "--min-run", str(MIN_RUN))
+POLICY_FLAGS = {"tiresias": ("--las-threshold", "60")}
+
+
+def scaled(jobs: list[TestbedJob], scale: float) -> list[TestbedJob]:
+    """The testbed with every job's steps times `scale` (a quick check of the script)."""
+    return [TestbedJob(j.name, j.kind, max(5, round(j.steps * scale)), j.procs, j.at)
+            for j in jobs]
+
+
+def run_policy(policy: str, out: Path, timeout: float) -> dict:
+    """Run the testbed under one policy; returns its figures."""
+    folder = out / policy
+    store = folder / "runs" / "tandem.db"
+    folder.mkdir(parents=True, exist_ok=False)
+    env = dict(os.environ, TANDEM_STORE=str(store), OMP_NUM_THREADS="1")
+    load_before = os.getloadavg()
+    log = (folder / "service.log").open("wb")
+    service = subprocess.Popen(
+        [sys.executable, "-m", "tandem.cli", "scheduler", "--policy", policy,
+         *SERVICE_FLAGS, *POLICY_FLAGS.get(policy, ())], env=env, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True)
+    start = time.time()
+    ids: dict[str, str] = {}
+    try:
+        for job in JOBS:
+            time.sleep(max(0.0, start + job.at - time.time()))
+            request = SubmitRequest(
+                script=job.kind[0], args=["--train.steps", str(job.steps)], procs=job.procs,
+                name=job.name, cwd=str(folder),
+                env={"PYTHONPATH": str(ROOT / "src"), "TANDEM_SAMPLE_LOG": str(folder / "ids")})
+            ids[job.name] = submit(request, store).job_id
+        deadline = start + timeout
+        while time.time() < deadline:
+            with SchedStore(store) as sched:
+                if all(j.state in DONE for j in sched.jobs()):
+                    break
+            if service.poll() is not None:
+                raise RuntimeError(f"{policy}: the service exited ({service.returncode})")
+            time.sleep(1.0)
+        else:
+            raise RuntimeError(f"{policy}: jobs unfinished after {timeout:.0f} s")
+    finally:
+        service.send_signal(signal.SIGTERM)
+        service.wait(timeout=60)
+        log.close()
+    return collect(policy, store, folder, start, ids, load_before)
+
+
+def collect(policy: str, store: Path, folder: Path, start: float, ids: dict[str, str],
+            load_before: tuple[float, ...]) -> dict:
+    """The figures of one policy's run, from its store and its jobs' id logs."""
+    with SchedStore(store) as sched, RunStore(store) as runs:
+        jobs = {j.name: j for j in sched.jobs()}
+        resizes = sched.resizes()
+        per_job, starts, tails = {}, [], []
+        for job in JOBS:
+            record = jobs[job.name]
+            attempts = sched.attempts(record.job_id)
+            measured = read(runs, record.run_name)
+            rates: dict[int, list[float]] = {}
+            for attempt in attempts:
+                windows = [w for w in measured.windows
+                           if attempt.launched <= w.time <= (attempt.ended or 1e18)]
+                if windows:
+                    starts.append(windows[0].time - attempt.launched)
+                    # the first window holds the start-up (unless it is the only one)
+                    rates.setdefault(attempt.procs, []).extend(
+                        w.rate for w in windows[1:] or windows)
+                    if attempt.outcome == "completed":
+                        tails.append(attempt.ended - windows[-1].time)
+            per_job[job.name] = {
+                "state": record.state, "jct": (record.finished or 0) - record.submitted,
+                "attempts": len(attempts),
+                "rates": {p: statistics.median(v) for p, v in rates.items() if v}}
+    kinds = [r["kind"] for r in resizes]
+    latencies = [r["training_again"] - r["decided"] for r in resizes
+                 if r["kind"] == "resize" and r.get("training_again")]
+    redone = [r["steps_redone"] for r in resizes if r.get("steps_redone") is not None]
+    audits = {}
+    for job in JOBS:
+        samples = job.kind[2] or char_samples()
+        found = audit(read_logs(folder / "ids" / ids[job.name]), 0, samples)
+        audits[job.name] = {"clean": found.clean, "samples": found.samples,
+                            "expected": job.steps * job.kind[1], "repeated": found.repeated,
+                            "skipped": found.skipped}
+    jcts = [j["jct"] for j in per_job.values()]
+    return {"policy": policy, "mean_jct": statistics.fmean(jcts),
+            "makespan": max(j.finished for j in jobs.values()) - start,
+            "resizes": kinds.count("resize"), "preemptions": kinds.count("preempt"),
+            "recoveries": kinds.count("recover"), "resize_latencies": latencies,
+            "steps_redone": redone, "startup_s": starts, "teardown_s": tails,
+            "jobs": per_job, "audits": audits,
+            "load": {"before": load_before, "after": os.getloadavg()}}
+
+
+_CHAR_SAMPLES: list[int] = []
+
+
+def char_samples() -> int:
+    """Training windows of the char_lm example (its corpus is this Python's stdlib)."""
+    if not _CHAR_SAMPLES:
+        sys.path.insert(0, str(ROOT / "examples"))
+        import char_lm
+
+        _CHAR_SAMPLES.append(len(char_lm.Windows("train")))
+    return _CHAR_SAMPLES[0]
+
+
+def predict(results: list[dict]) -> dict[str, float]:
+    """The simulator's mean JCT of each policy on the same jobs, from measured figures."""
+    rates: dict[str, dict[int, list[float]]] = {}
+    for result in results:
+        for name, job in result["jobs"].items():
+            for procs, rate in job["rates"].items():
+                rates.setdefault(name, {}).setdefault(int(procs), []).append(rate)
+    startup = statistics.median(s for r in results for s in r["startup_s"])
+    teardown = statistics.median(t for r in results for t in r["teardown_s"])
+    apps, specs = {}, []
+    for job in JOBS:
+        apps[job.name] = MeasuredApplication(
+            job.name, job.kind[1], job.steps,
+            {p: statistics.median(v) for p, v in rates[job.name].items()})
+        low, _, high = job.procs.partition(":")
+        specs.append(JobSpec(job_id=job.name, submit_time=job.at, min_procs=int(low),
+                             max_procs=int(high or low), batch_size=job.kind[1],
+                             limits=apps[job.name].limits, application=job.name))
+    out = {}
+    for result in results:
+        inner = (POLICIES["tiresias"](thresholds=(60.0,)) if result["policy"] == "tiresias"
+                 else POLICIES[result["policy"]]())
+        policy = Pinned(inner, MIN_RUN)  # as the service runs it
+        sim = simulate(specs, apps, policy, Cluster(nodes=1, slots_per_node=2), interval=2.0,
+                       restart_delay=startup)
+        out[result["policy"]] = sim.mean_jct + teardown
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--policies", nargs="+", default=["fifo", "tiresias", "goodput"],
+                        choices=sorted(POLICIES))
+    parser.add_argument("--out", type=Path, default=Path(f"/tmp/sched-testbed-{os.getpid()}"))
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds one policy's testbed may take")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="multiply every job's steps (a quick check: 0.1)")
+    ns = parser.parse_args()
+    JOBS[:] = scaled(JOBS, ns.scale)
+    results = []
+    ns.out.mkdir(parents=True, exist_ok=True)
+    for policy in ns.policies:
+        print(f"{policy}: running 8 jobs (load {os.getloadavg()[0]:.2f}) ...", flush=True)
+        results.append(run_policy(policy, ns.out, ns.timeout))
+        r = results[-1]
+        (ns.out / f"{policy}.json").write_text(json.dumps(r, indent=2, default=str))
+        print(f"{policy}: mean JCT {r['mean_jct']:.1f} s, makespan {r['makespan']:.1f} s, "
+              f"{r['resizes']} resizes, {r['preemptions']} preemptions, load "
+              f"{r['load']['before'][0]:.2f} -> {r['load']['after'][0]:.2f}", flush=True)
+    predicted = predict(results)
+    (ns.out / "results.json").write_text(json.dumps(
+        {"results": results, "predicted": predicted, "jobs": [j.__dict__ for j in JOBS]},
+        indent=2, default=str))
+    print_tables(results, predicted)
+    print(f"figures: {ns.out / 'results.json'}")
+
+
+def print_tables(results: list[dict], predicted: dict[str, float]) -> None:
+    """The summary table (markdown) and the checks."""
+    print("\n| policy | mean JCT s | makespan s | resizes | preemptions | median resize "
+          "latency s | steps redone | samples audit | simulator mean JCT s | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        lat = f"{statistics.median(r['resize_latencies']):.1f}" if r["resize_latencies"] else "-"
+        clean = all(a["clean"] and a["samples"] == a["expected"] for a in r["audits"].values())
+        sim = predicted[r["policy"]]
+        print(f"| {r['policy']} | {r['mean_jct']:.1f} | {r['makespan']:.1f} | {r['resizes']} | "
+              f"{r['preemptions']} | {lat} | {sum(r['steps_redone'])} | "
+              f"{'clean' if clean else 'NOT CLEAN'} | {sim:.1f} | "
+              f"{(sim - r['mean_jct']) / r['mean_jct']:+.1%} |")
+    moves = sum(r["resizes"] + r["preemptions"] for r in results)
+    print(f"resizes + preemptions over all policies: {moves}")
+    by = {r["policy"]: r["mean_jct"] for r in results}
+    if "goodput" in by:
+        for other in ("fifo", "tiresias"):
+            if other in by:
+                print(f"goodput mean JCT vs {other}: {1 - by['goodput'] / by[other]:.1%} lower")
+
+
+if __name__ == "__main__":
+    main()

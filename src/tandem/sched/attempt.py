@@ -1,0 +1,158 @@
+"""One attempt of a job on its host: run `tandem run ...`, relay stops, record the exit status.
+
+`python -m tandem.sched.attempt ATTEMPT_DIR` (or `--current JOB_DIR`, which reads the
+attempt directory the scheduler last named in `JOB_DIR/current`: a Slurm batch script
+that is requeued runs the attempt the scheduler prepared for it) reads `spec.json` from
+the attempt directory, starts the command, and writes
+
+- `shim.json`: its own pid and host, then the launcher's pid once started; touched every
+  half second while the launcher runs (a heartbeat);
+- `exit.json`: the launcher's exit status and the time, written atomically when it ends;
+- `log.txt`: the launcher's output (and so every rank's).
+
+Every backend starts attempts through this module, so the exit status reaches the
+scheduler the same way wherever the job ran (the job directory is on a file system the
+scheduler sees, as the run's checkpoints must be for a resume anywhere), and the
+scheduler can tell a graceful stop (75) from a failure even after its own restart. SIGTERM
+and SIGINT are passed to the launcher, which turns them into a committed checkpoint.
+With TANDEM_SCHED_GUARDIAN set to a pid (Ray: the actor that started it) the attempt
+stops itself gracefully when that process goes away. Imports nothing heavy: it starts in
+milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SPEC_FILE = "spec.json"
+SHIM_FILE = "shim.json"
+EXIT_FILE = "exit.json"
+LOG_FILE = "log.txt"
+CURRENT_FILE = "current"
+ORPHAN_POLL_S = 0.5
+GUARDIAN_ENV = "TANDEM_SCHED_GUARDIAN"
+PREEMPTED_STATUS = 75  # what `tandem run` returns after a graceful stop
+
+
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write JSON so that a reader sees the old file or the new one, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when the file is missing or unreadable."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def exit_status(code: int) -> int:
+    """A shell-style exit status: 128 + N for a process killed by signal N."""
+    return 128 - code if code < 0 else code
+
+
+def run(attempt_dir: Path) -> int:
+    """Run the attempt described in `attempt_dir/spec.json`; return the launcher's status.
+
+    A stop that arrives before the launcher started ends the attempt at once with the
+    graceful status (75): nothing was trained, so nothing is lost.
+    """
+    relayed: list[int] = []
+    child: subprocess.Popen | None = None
+
+    def relay(signum: int, frame: object) -> None:
+        relayed.append(signum)
+        if child is not None:
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, relay)
+    spec = read_json(attempt_dir / SPEC_FILE)
+    if spec is None:
+        print(f"tandem: error: no readable {SPEC_FILE} in {attempt_dir}", file=sys.stderr)
+        return 2
+    shim = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+    write_atomic(attempt_dir / SHIM_FILE, shim)  # from here on, a stop is relayed
+    if relayed:
+        return _finish(attempt_dir, PREEMPTED_STATUS, relayed)
+    env = dict(os.environ, **spec.get("env", {}))
+    guardian = int(os.environ.get(GUARDIAN_ENV) or 0)
+    with (attempt_dir / LOG_FILE).open("ab") as log:
+        child = subprocess.Popen(spec["command"], cwd=spec.get("cwd") or None, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
+    if relayed:  # a stop that came while the launcher was being started
+        child.send_signal(relayed[-1])
+    write_atomic(attempt_dir / SHIM_FILE, {**shim, "launcher_pid": child.pid})
+    while True:
+        try:
+            code = child.wait(timeout=ORPHAN_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            _beat(attempt_dir)
+            if guardian and not relayed and not _alive(guardian):
+                print(f"tandem: the attempt's guardian (pid {guardian}) is gone: stopping "
+                      "the job with a checkpoint", file=sys.stderr)
+                relay(signal.SIGTERM, None)
+    return _finish(attempt_dir, exit_status(code), relayed)
+
+
+def _beat(attempt_dir: Path) -> None:
+    """Touch shim.json: its modification time says the attempt is alive (the scheduler
+    reads it where it cannot see the process itself, e.g. while a stop runs on)."""
+    try:
+        os.utime(attempt_dir / SHIM_FILE)
+    except OSError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _finish(attempt_dir: Path, status: int, relayed: list[int]) -> int:
+    write_atomic(attempt_dir / EXIT_FILE, {"code": status, "ended": time.time(),
+                                           "signals": relayed})
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m tandem.sched.attempt ATTEMPT_DIR | --current JOB_DIR`."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "--current":
+        named = (Path(args[1]) / CURRENT_FILE).read_text(encoding="utf-8").strip()
+        attempt_dir = Path(args[1]) / named
+        if (attempt_dir / EXIT_FILE).exists():
+            # Restarted by the batch system itself (its own requeue) after this attempt
+            # ended: nothing to run until the scheduler prepares the next one.
+            print(f"tandem: {attempt_dir} has already ended; waiting for the scheduler",
+                  file=sys.stderr)
+            return PREEMPTED_STATUS
+        return run(attempt_dir)
+    if len(args) != 1:
+        print("usage: python -m tandem.sched.attempt ATTEMPT_DIR | --current JOB_DIR",
+              file=sys.stderr)
+        return 2
+    return run(Path(args[0]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""The local backend: attempts are `tandem run` process groups on this machine.
+
+Slots are this machine's GPUs (each attempt sees only its own through
+CUDA_VISIBLE_DEVICES), else its CPU cores. An attempt is started in a session of its
+own (`start_new_session`), so it outlives the service: a restarted service finds it
+again by pid (checked against the process's start time, so a recycled pid is not taken
+for it) and by the marker every process of the attempt carries in its environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tandem.sched.attempt import SHIM_FILE, read_json
+from tandem.sched.backend import (
+    ATTEMPT_ENV,
+    LaunchPlan,
+    kill_marked,
+    marked_processes,
+    shim_command,
+)
+from tandem.sched.cluster import Cluster
+
+log = logging.getLogger("tandem")
+
+
+def gpu_count() -> int:
+    """GPUs `nvidia-smi` lists on this machine (0 without the tool or a GPU)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                              timeout=20, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
+
+
+class LocalBackend:
+    """Attempts as process groups on this machine, one slot per GPU or CPU core."""
+
+    name = "local"
+
+    def __init__(self, slots: int | None = None) -> None:
+        self.gpus = gpu_count()
+        found = self.gpus or os.cpu_count() or 1
+        if slots is not None and slots < 1:
+            raise ValueError(f"--slots: {slots} is not allowed; need >= 1")
+        self.slots = slots or found
+        self.host = socket.gethostname()
+        self._children: dict[int, subprocess.Popen] = {}
+        self._taken: dict[str, list[int]] = {}  # attempt marker -> GPU indices
+
+    def cluster(self) -> Cluster:
+        """One node with `slots` slots."""
+        return Cluster(nodes=1, slots_per_node=self.slots)
+
+    def adopt(self, handle: Mapping[str, Any]) -> None:
+        """Count the GPUs of an attempt found running after a restart as taken."""
+        if handle.get("gpus") is not None and handle.get("marker"):
+            self._taken[str(handle["marker"])] = list(handle["gpus"])
+
+    def _gpus_for(self, plan: LaunchPlan) -> list[int] | None:
+        if not self.gpus:
+            return None
+        busy = {g for gpus in self._taken.values() for g in gpus}
+        free = [g for g in range(self.gpus) if g not in busy]
+        if len(free) < plan.procs:
+            raise RuntimeError(f"{plan.procs} GPUs wanted for {plan.job.job_id}, "
+                               f"{len(free)} free; the service counts slots wrongly")
+        return free[:plan.procs]
+
+    def launch(self, plan: LaunchPlan, spec: dict[str, Any]) -> dict[str, Any]:
+        """Start the attempt's shim in a new session, its output into the attempt's log."""
+        gpus = self._gpus_for(plan)
+        env = dict(os.environ, **spec["env"])
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            spec["env"]["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
+        with open(plan.log_path, "ab") as out:
+            child = subprocess.Popen([*shim_command(), str(plan.attempt_dir)],
+                                     cwd=plan.job.cwd, env=env, stdout=out,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self._children[child.pid] = child
+        if gpus is not None:
+            self._taken[plan.marker] = gpus
+        return {"host": self.host, "pid": child.pid, "started": _create_time(child.pid),
+                "marker": plan.marker, "gpus": gpus}
+
+    def find(self, marker: str, attempt_dir: Path) -> dict[str, Any] | None:
+        """The handle of an attempt whose launch the service did not record: its shim,
+        found by the marker its processes carry, or by the pid it wrote."""
+        marked = marked_processes(marker)
+        pids = {p.pid for p in marked}
+        roots = [p for p in marked if p.ppid() not in pids]
+        if roots:
+            shim = min(roots, key=lambda p: p.create_time())
+            return {"host": self.host, "pid": shim.pid, "started": shim.create_time(),
+                    "marker": marker, "gpus": None}
+        written = read_json(attempt_dir / SHIM_FILE)
+        if written is None:
+            return None
+        return {"host": written.get("host"), "pid": written["pid"], "started": None,
+                "marker": marker, "gpus": None}
+
+    def _process(self, handle: Mapping[str, Any]) -> psutil.Process | None:
+        """The attempt's shim if it is still this process (not a recycled pid)."""
+        pid = int(handle["pid"])
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:  # reap our own zombie
+            self._children.pop(pid, None)
+            return None
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            started = handle.get("started")
+            if started is not None and abs(proc.create_time() - float(started)) > 1.0:
+                return None
+            return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    def alive(self, handle: Mapping[str, Any]) -> bool:
+        """Whether the shim still runs (its exit status is in its attempt directory)."""
+        if handle.get("host") not in (None, self.host):
+            # Started by a local service on another host sharing this store: not ours to
+            # judge (its shim's heartbeat and exit status still reach the store's folder).
+            return True
+        return self._process(handle) is not None
+
+    def stop(self, handle: Mapping[str, Any]) -> None:
+        """SIGTERM to the shim, which passes it to the launcher (commit, exit 75)."""
+        proc = self._process(handle)
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+
+    def kill(self, handle: Mapping[str, Any]) -> None:
+        """SIGKILL every process that carries the attempt's marker."""
+        marker = str(handle.get("marker", ""))
+        killed = kill_marked(marker) if marker else 0
+        proc = self._process(handle)
+        if proc is not None:
+            proc.kill()
+        log.warning("killed %d processes of attempt %s", killed, marker)
+
+    def release(self, handle: Mapping[str, Any]) -> None:
+        """Forget the attempt's GPUs and reap its shim."""
+        self._taken.pop(str(handle.get("marker", "")), None)
+        child = self._children.pop(int(handle.get("pid", -1)), None)
+        if child is not None:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._children[child.pid] = child
+
+    def close(self) -> None:
+        """Nothing to let go of: attempts keep running in their own sessions."""
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return None
+
+
+__all__ = ["ATTEMPT_ENV", "LocalBackend", "gpu_count"]
