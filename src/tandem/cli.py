@@ -7,6 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -33,6 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run", nargs="?", default=None,
                         help="run id, unique id prefix, or run name (default: the latest run)")
     report.add_argument("--html", default=None, help="report file (default: <run>.html)")
+    report.add_argument("--validate", action="store_true",
+                        help="first run each finding's control experiment (paired runs of "
+                             "the job without the cause, against an A/A placebo) and "
+                             "record the outcome")
+    report.add_argument("--pairs", type=int, default=3,
+                        help="--validate: at most this many pairs of runs per control")
+    report.add_argument("--steps", type=int, default=40,
+                        help="--validate: steps of each control run")
+    report.add_argument("--log-every", type=int, default=5,
+                        help="--validate: steps per logging window of each control run")
     _store_arg(report)
     compare = sub.add_parser("compare", help="set runs side by side (table and HTML)")
     compare.add_argument("runs", nargs="+", help="two or more runs")
@@ -89,9 +100,28 @@ def _report(ns: argparse.Namespace, console: Console) -> None:
 
     with _open_store(ns.store) as store:
         run_id = store.run(ns.run)["run_id"] if ns.run else store.latest_run()["run_id"]
+        if ns.validate:
+            _validate(store, run_id, ns, console)
         print_summary(store, run_id, console)
         path = write_html(store, run_id, Path(ns.html or f"{run_id}.html"))
     console.print(f"report written to {path}")
+
+
+def _validate(store: Any, run_id: str, ns: argparse.Namespace,
+              console: Console) -> None:
+    from tandem.analyze.report import findings_of
+    from tandem.tune.controls import validate_run
+
+    if ns.pairs < 2 or ns.steps < 2 * ns.log_every:
+        raise ValueError(f"--validate needs --pairs >= 2 (got {ns.pairs}) and --steps at "
+                         f"least two windows of --log-every {ns.log_every} (got {ns.steps})")
+    findings = [f for f in findings_of(store, run_id) if f.validation is None]
+    work = store.path.parent / "validate" / run_id
+    done = validate_run(store.path, run_id, findings, work, pairs=ns.pairs, steps=ns.steps,
+                        log_every=ns.log_every, say=console.print)
+    if not done:
+        console.print("no finding to validate: none predicts a gain that a control "
+                      "experiment can check, or all were validated before")
 
 
 def _compare(ns: argparse.Namespace, console: Console) -> None:

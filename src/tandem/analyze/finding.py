@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tandem.analyze import stats
@@ -18,6 +18,9 @@ PERFORMANCE_KINDS = frozenset({
 # Control experiments: how a finding's claim is checked (tune/controls.py runs them).
 NO_COMM = "no_comm"  # the same job with no gradient communication (replicas never meet)
 IN_MEMORY_DATA = "in_memory_data"  # the same job on batches already in memory
+# Where a run's control experiments are kept: its tuner-trial rows with this id prefix,
+# followed by the finding's kind (`tandem report RUN --validate` writes them).
+VALIDATION_PREFIX = "validate:"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,15 @@ class Finding:
     predicted_speedup: float | None = None
     control: str | None = None
     validation: dict[str, Any] | None = None
+
+
+def with_validations(findings: Sequence[Finding], trials: Sequence[Mapping[str, Any]]
+                     ) -> list[Finding]:
+    """`findings` with the outcomes of their control experiments attached, read from a
+    run's tuner-trial rows (`RunStore.trials`)."""
+    done = {t["trial_id"][len(VALIDATION_PREFIX):]: t["figures"] for t in trials
+            if str(t["trial_id"]).startswith(VALIDATION_PREFIX)}
+    return [replace(f, validation=done[f.kind]) if f.kind in done else f for f in findings]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from rich.table import Table
 from tandem.analyze import figures, html, panels, text
 from tandem.analyze.compare import compare, compare_table
 from tandem.analyze.diagnose import Finding, diagnose, verdict
+from tandem.analyze.finding import with_validations
 from tandem.monitor.store import RunStore
 
 __all__ = ["compare", "compare_table", "print_summary", "render_html", "write_html"]
@@ -29,7 +30,13 @@ def _load(store: RunStore, run_id: str) -> tuple[dict[str, Any], list[dict[str, 
     metrics = store.metrics(run["run_id"])
     events = store.events(run["run_id"])
     device = (run.get("env") or {}).get("device")
-    return run, metrics, events, diagnose(metrics, events, config=run["config"], device=device)
+    findings = diagnose(metrics, events, config=run["config"], device=device)
+    return run, metrics, events, with_validations(findings, store.trials(run["run_id"]))
+
+
+def findings_of(store: RunStore, run_id: str) -> list[Finding]:
+    """Run `run_id`'s diagnosis, with the control experiments recorded for it."""
+    return _load(store, run_id)[3]
 
 
 def _kpi_items(run: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -43,11 +43,12 @@ API (used by the tuner, and by `tandem report --validate`):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tandem.analyze.diagnose import IN_MEMORY_DATA, NO_COMM
+from tandem.analyze.finding import VALIDATION_PREFIX
 from tandem.monitor.store import RunStore
 from tandem.tune import stats
 from tandem.tune.arms import PLACEBO, Arm, Bench
@@ -192,9 +193,11 @@ def validate(runner: TrialRunner, finding: Any, *, pairs: int = 3, steps: int = 
 
 
 def runner_for_run(store_path: str | Path, run_id: str, work_dir: str | Path,
-                   timeout_s: float = 300.0) -> TrialRunner:
+                   timeout_s: float = 300.0, trial_store: str | Path | None = None
+                   ) -> TrialRunner:
     """A TrialRunner that relaunches a recorded run's job: its script, its process count
-    and its whole resolved config as the plan (run identity and store aside)."""
+    and its whole resolved config as the plan (run identity and store aside). Its runs go
+    to `trial_store` (default: the run's own store)."""
     with RunStore(Path(store_path)) as store:
         run = store.run(run_id)
     env, config = run.get("env") or {}, run.get("config") or {}
@@ -204,4 +207,37 @@ def runner_for_run(store_path: str | Path, run_id: str, work_dir: str | Path,
     plan = {k: v for k, v in flatten(config).items() if k not in RUN_KEYS}
     return TrialRunner(script=str(script), script_args=[],
                        nproc=int(env.get("world_size") or 1), work_dir=Path(work_dir),
-                       store_path=Path(store_path), base_plan=plan, timeout_s=timeout_s)
+                       store_path=Path(trial_store or store_path), base_plan=plan,
+                       timeout_s=timeout_s)
+
+
+def validate_run(store_path: str | Path, run_id: str, findings: Sequence[Any],
+                 work_dir: str | Path, *, pairs: int = 3, steps: int = 40,
+                 log_every: int = 5, timeout_s: float = 300.0,
+                 say: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+    """Run the control experiment of each finding that predicts a gain and has one, and
+    record each outcome in the store as trial 'validate:<kind>' of run `run_id` (what
+    `tandem report` then shows). One placebo serves them all. The trial runs go to their
+    own store in `work_dir`, so that they never pass for the user's runs. Outcomes by kind.
+    """
+    todo = [f for f in findings if f.control and predicted_of(f) is not None]
+    if not todo:
+        return {}
+    work = Path(work_dir)
+    runner = runner_for_run(store_path, run_id, work, timeout_s, work / "trials.db")
+    job = runner.resolve()
+    bench = bench_for(runner, steps, log_every)
+    out: dict[str, dict[str, Any]] = {}
+    for finding in todo:
+        say(f"validating {finding.kind}: predicted {predicted_of(finding):.2f}x if removed; "
+            f"control {finding.control}, up to {pairs} pairs of {steps}-step runs "
+            f"(after {PLACEBO_PAIRS} placebo pairs)")
+        result = validate(runner, finding, pairs=pairs, steps=steps, log_every=log_every,
+                          job=job, bench=bench)
+        result.pop("evidence", None)
+        with RunStore(Path(store_path)) as store:
+            store.log_trial(run_id, VALIDATION_PREFIX + finding.kind,
+                            {"control": finding.control}, result["state"], result)
+        say(f"  {result['state']}: {result['reason']}")
+        out[finding.kind] = result
+    return out
