@@ -13,13 +13,12 @@ import torch
 
 from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager, ModelWeights, OptimizerState
-from tandem.config import Config, config_from_dict, parse_ramp, parse_target
+from tandem.config import Config, parse_ramp, parse_target
 from tandem.config_values import target_met
 from tandem.data.loader import to_device, train_batches
 from tandem.data.memory import held
 from tandem.data.sampler import GlobalBatchSampler, check_sizes, split_batch
 from tandem.data.seqlen import SeqRamp
-from tandem.errors import UsageError
 from tandem.faults import FaultPlan
 from tandem.losses import training_task
 from tandem.monitor.heartbeat import Heartbeat
@@ -30,7 +29,7 @@ from tandem.parallel import build_strategy
 from tandem.parallel.mesh import layout
 from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
 from tandem.task import Task
-from tandem.trainer import preflight, resume_rules
+from tandem.trainer import preflight, restore
 from tandem.trainer.calibration import Calibration
 from tandem.trainer.ema import WeightAverage, averaged
 from tandem.trainer.evaluate import evaluate
@@ -42,10 +41,6 @@ from tandem.trainer.step import StepParts, StepRunner
 from tandem.trainer.timing import RunClock, WindowClock
 
 log = logging.getLogger("tandem")
-
-# What a rollback restores; the run's Progress (data consumed, time, faults) stays.
-ROLLBACK_STATES = ["model", "optim", "strategy", "precision", "train"]
-
 
 class Trainer:
     """One training run of a Task under a Config on this process's Runtime."""
@@ -170,51 +165,8 @@ class Trainer:
 
     # ------------------------------------------------------------ checkpoints
     def resume(self) -> Resumed:
-        """Load the latest good checkpoint, as `run.resume` says; check what changed since.
-
-        Raise UsageError (on every rank alike) where the run must not go on: checkpoints
-        exist but none verifies, 'never' / 'require' not met, or a guarded setting changed.
-        All ranks.
-        """
-        policy, root = self.config.run.resume, self.checkpoints.root
-        if policy == "fresh":
-            moved = checkpoint.set_aside(root, 0, "set-aside")
-            return Resumed(None, [], moved, False)
-        found, problems = self.checkpoints.find()
-        if found is None:
-            if problems:
-                raise UsageError(
-                    f"run.resume: {root} holds {len(problems)} checkpoint(s) and none "
-                    f"verifies ({'; '.join(problems[:3])}); nothing was changed or deleted. "
-                    "To start over, run again with --run.resume fresh (they are moved "
-                    "aside under the same folder, not deleted)")
-            if policy == "require":
-                raise UsageError(f"run.resume: 'require' but {root} holds no committed "
-                                 "checkpoint")
-            return Resumed(None, [], [], False)
-        if policy == "never":
-            raise UsageError(
-                f"run.resume: 'never' but {self.run_dir} already holds checkpoints; choose "
-                "another run.name or run.resume 'auto' (nothing was overwritten)")
-        meta = checkpoint.read_meta(found)
-        step = int(found.name.removeprefix("step_"))
-        warning = resume_rules.check(config_from_dict(meta.get("config", {})), self.config,
-                                     step, (meta.get("optimizer"),
-                                            optimizer_record(self.optimizer)))
-        names = list(self.checkpoints.states)
-        fresh_average = "ema" in names and "ema" not in meta.get("states", {})
-        if fresh_average:  # averaging switched on at this resume: start from the weights
-            names.remove("ema")
-        if resume_rules.OPTIMIZER in warning:  # another optimizer, allowed: start its state
-            names.remove("optim")
-        self.checkpoints.restore(found, names)
-        if fresh_average and self.ema is not None:
-            self.ema.reset()
-        self.progress.attempts += 1
-        self.lr.extra = self.progress.lr_scale
-        done = self.state.step >= self.config.train.steps or (
-            self.config.train.stop_at_target and self.progress.target_reached is not None)
-        return Resumed(found, problems, [], done, warning)
+        """Load the latest good checkpoint as `run.resume` says (`restore.resume`). All ranks."""
+        return restore.resume(self)
 
     def save(self, reporter: Reporter, clock: RunClock) -> None:
         """Start a checkpoint of the current state; record how long the step waited."""
@@ -244,35 +196,6 @@ class Trainer:
         if status_file and self.runtime.is_main:  # how `tandem run` learns why it stopped
             Path(status_file).write_text(f"{kind} {self.state.step}\n")
         raise (Interrupted if interrupt else Preempted)(self.state.step, str(path))
-
-    def _rollback(self, bad_step: int, reason: str, reporter: Reporter) -> None:
-        """Restore the newest checkpoint before `bad_step` and skip the data since then.
-
-        PaLM's remedy for loss spikes, done by the run itself: weights, optimizer and
-        schedule go back to the last good checkpoint, the data position stays where it
-        is (the batches in between are skipped), the lr is optionally lowered, and the
-        checkpoints taken after the bad step are set aside. All ranks.
-        """
-        cfg, was = self.config.fault, self.state.step
-        if self.progress.rollbacks >= cfg.max_rollbacks:
-            raise RuntimeError(f"{reason}; fault.max_rollbacks ({cfg.max_rollbacks}) reached")
-        found, _ = self.checkpoints.find(before=bad_step)
-        if found is None:
-            raise RuntimeError(f"{reason}; no good checkpoint before step {bad_step} to roll "
-                               "back to (checkpoint.every sets how often they are taken)")
-        meta = self.checkpoints.restore(
-            found, ROLLBACK_STATES + (["ema"] if self.ema is not None else []))
-        skipped = self.progress.samples - int(meta["states"]["progress"]["samples"])
-        self.progress.rollbacks += 1
-        self.progress.lr_scale *= cfg.rollback_lr_scale
-        self.lr.extra = self.progress.lr_scale
-        aside = checkpoint.set_aside(self.checkpoints.root, bad_step)
-        reporter.event(was, "rollback",
-                       f"{reason}: rolled back from step {was} to {found.name} (step "
-                       f"{self.state.step}), skipping {skipped} samples; lr "
-                       f"x{self.progress.lr_scale:g}"
-                       + (f"; set aside {len(aside)} later checkpoint(s)" if aside else ""),
-                       value=float(bad_step))
 
     # ------------------------------------------------------------ evaluation
     def _evaluate(self) -> dict[str, float]:
@@ -389,7 +312,7 @@ class Trainer:
             if cfg.fault.nonfinite == "raise":
                 raise FloatingPointError(reason + " (fault.nonfinite = 'raise')")
             if cfg.fault.nonfinite == "rollback":
-                self._rollback(state.step - 1, reason, reporter)
+                restore.rollback(self, state.step - 1, reason, reporter)
             else:
                 reporter.event(state.step - 1, "skip", f"{reason}: the update was skipped")
 
@@ -413,8 +336,8 @@ class Trainer:
         if decision.stop:
             self._stop(reporter, clock, decision.stop == PreemptionFlag.INTERRUPT)
         if decision.rollback_before:
-            self._rollback(decision.rollback_before,
-                           f"loss spike at step {decision.rollback_before}", reporter)
+            restore.rollback(self, decision.rollback_before,
+                             f"loss spike at step {decision.rollback_before}", reporter)
 
     def _on_schedule(self, last: bool, reporter: Reporter, clock: RunClock) -> None:
         """Checkpoint and evaluate when the config says so.
