@@ -8,9 +8,11 @@ import threading
 import time
 from dataclasses import dataclass
 from types import FrameType
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch
+
 
 log = logging.getLogger("tandem")
 
@@ -96,6 +98,9 @@ class Decision:
 def agree(stop: int, rollback_before: int, device: torch.device,
           recalibrate: bool = False) -> Decision:
     """Combine every rank's view with one all-reduce (MAX). Must be called on all ranks."""
+    import torch  # here: the launcher imports this module's constants, not torch
+    import torch.distributed as dist
+
     if not dist.is_initialized():
         return Decision(stop, rollback_before, recalibrate)
     flags = torch.tensor([float(stop), float(rollback_before), float(recalibrate)],
