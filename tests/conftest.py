@@ -5,6 +5,13 @@ such process still alive that was not running before the module began is killed
 (SIGKILL reaches a stopped process too) and the module's last test is reported: tests
 that leave processes behind fail instead of leaking them, whether they passed or not.
 (Per module, not per test, so that a module-scoped server fixture is not counted.)
+
+The suite runs in two lanes (pytest-xdist, `-n 2 --dist loadgroup` in pyproject.toml):
+the scheduler's end-to-end tests, which mostly wait on their service's decisions and on
+jobs that sleep per sample, run in one lane while everything else runs, in order, in
+the other. Each lane has its own session marker, so that one lane's guard never takes
+the other's processes for leftovers. The tests that measure timings run last in their
+lane, after the scheduler's lane has ended.
 """
 
 from __future__ import annotations
@@ -18,7 +25,15 @@ import psutil
 import pytest
 
 SESSION_ENV = "TANDEM_TEST_SESSION"
-os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a lane: its own marker, not its parent's
+    os.environ[SESSION_ENV] = f"{uuid.uuid4().hex}-{os.environ['PYTEST_XDIST_WORKER']}"
+else:
+    os.environ.setdefault(SESSION_ENV, uuid.uuid4().hex)
+# The lane of tests that wait more than they compute (see above), and the tests that
+# measure timings, which run at the end of the other lane.
+WAITING_LANE = ("tests/faults/test_sched_",)
+TIMING_LAST = ("tests/dist/test_evaluation_signals.py", "tests/dist/test_tune.py",
+               "tests/dist/test_report_validate.py")
 # multiprocessing's resource tracker lives as long as the test process, by design.
 LONG_LIVED = ("multiprocessing.resource_tracker",)
 
@@ -67,3 +82,20 @@ def no_leftover_processes() -> Iterator[None]:
     if left:
         named = reap(left)
         pytest.fail("processes left running by this test (now killed):\n" + "\n".join(named))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Two lanes (see the module's docstring): the waiting lane first, timing tests last."""
+    def where(item: pytest.Item) -> str:
+        return os.path.relpath(str(item.path), str(config.rootpath))
+
+    def rank(item: pytest.Item) -> int:
+        path = where(item)
+        if path.startswith(WAITING_LANE):
+            return 0
+        return 2 if path.startswith(TIMING_LAST) else 1
+
+    items.sort(key=rank)  # stable: collection order within each rank
+    for item in items:
+        lane = "waiting" if where(item).startswith(WAITING_LANE) else "main"
+        item.add_marker(pytest.mark.xdist_group(lane))

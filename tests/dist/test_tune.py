@@ -82,12 +82,17 @@ def test_tune_fixes_a_misconfigured_job(tmp_path: Path) -> None:
     assert "Tuning decisions" in (tmp_path / "r.html").read_text()
 
 
-@pytest.mark.timeout(600)
-def test_tune_keeps_a_well_configured_plan(tmp_path: Path) -> None:
+@pytest.mark.timeout(700)
+def test_tune_keeps_a_well_configured_plan_and_guards_convergence(tmp_path: Path) -> None:
     """No loading cost, one process: nothing to gain. A deliberate placebo arm (a DDP
-    bucket size, on one process where there is no DDP) must not be adopted."""
-    _tune(tmp_path, "--nproc-per-node", "1", "--max-trials", "1", "--budget", "8m",
-          "--try", "plan.bucket_mb=100", *FAST, SCRIPT, sleep_ms="0", timeout=580)
+    bucket size, on one process where there is no DDP) must not be adopted. A second
+    candidate changes the numerics: a 32x learning rate (linear scaling against a
+    reference batch of 1) that diverges; the convergence guardrail must reject it on its
+    first pair of runs, whatever its speed, before more runs are spent on it."""
+    lossy = "data.workers=2,optim.lr_scaling=linear,optim.reference_batch=1"
+    _tune(tmp_path, "--nproc-per-node", "1", "--max-trials", "2", "--budget", "10m",
+          "--try", "plan.bucket_mb=100", "--try", lossy, *FAST, SCRIPT, sleep_ms="0",
+          timeout=680)
     text = (tmp_path / "plan.toml").read_text()
     assert tomllib.loads(text) == {}, text
     assert "keep the current plan" in text
@@ -97,26 +102,12 @@ def test_tune_keeps_a_well_configured_plan(tmp_path: Path) -> None:
     null = next(t for t in trials if t["figures"].get("label") == "plan.bucket_mb=100")
     assert null["status"] in ("stopped-early", "not-significant")
     assert null["figures"]["ratio"]["low"] <= null["figures"]["noise"]["floor"]
-
-
-@pytest.mark.timeout(900)
-def test_guardrail_rejects_a_faster_but_diverging_candidate(tmp_path: Path) -> None:
-    """Loader workers make it faster (4 ms per sample, 4 workers); a 32x learning rate
-    (linear scaling against a reference batch of 1) makes it diverge. The guardrail must
-    reject it on its first pair of runs, before more runs are spent on its speed."""
-    _tune(tmp_path, "--nproc-per-node", "1", "--max-trials", "1", "--budget", "10m",
-          "--try", "data.workers=4,optim.lr_scaling=linear,optim.reference_batch=1", *FAST,
-          SCRIPT, sleep_ms="4", timeout=880)
-    session, trials = _session(tmp_path)
-    tried = next(t for t in trials if t["figures"].get("kind") == "candidate")
+    tried = next(t for t in trials if t["figures"].get("label") == lossy.replace(",", ", "))
     assert tried["status"] == "rejected", tried
     assert tried["figures"]["pairs"] == 1
-    assert tried["figures"]["ratio"]["estimate"] > 1.5  # faster (one pair: no interval)
     verdict = tried["figures"]["guard"]
     assert not verdict["ok"]
     assert not verdict["candidate_loss"] <= verdict["limit"]  # NaN or over the limit
-    assert session["summary"]["chosen"] == {}
-    assert tomllib.loads((tmp_path / "plan.toml").read_text()) == {}
 
 
 @pytest.mark.timeout(300)

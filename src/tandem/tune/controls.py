@@ -60,7 +60,8 @@ MIN_PAIRS = 2
 PLACEBO_PAIRS = 2
 BEYOND_RUN = 1_000_000  # meetings this far apart never happen in a trial
 # Settings a control run cannot keep from the job: run identity and store, set per trial.
-RUN_KEYS = ("run.name", "run.dir", "run.resume", "monitor.store", "monitor.progress")
+RUN_KEYS = ("run.name", "run.dir", "run.resume", "monitor.store", "monitor.progress",
+            "monitor.report")
 
 
 def predicted_of(finding: Any) -> float | None:

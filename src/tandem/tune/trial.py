@@ -36,7 +36,7 @@ from tandem.tune.stats import WindowFigure, run_rates
 
 # Flags every trial sets itself; the same flags among the script's own are dropped.
 OWN_FLAGS = ("train.steps", "monitor.log_every", "run.dir", "run.name", "run.resume",
-             "monitor.store", "monitor.progress", "checkpoint.at_end",
+             "monitor.store", "monitor.progress", "monitor.report", "checkpoint.at_end",
              "monitor.calibrate_at")
 CALIBRATE_AT = 1  # the link's cost is measured in the first window, which warm-up drops
 TAIL_CHARS = 2000
@@ -125,7 +125,8 @@ class TrialRunner:
                "--train.steps", str(steps), "--monitor.log_every", str(log_every),
                "--run.dir", str(self.work_dir / "runs"), "--run.name", name,
                "--run.resume", "never", "--monitor.store", str(self.store_path),
-               "--monitor.progress", "off", "--checkpoint.at_end", "false",
+               "--monitor.progress", "off", "--monitor.report", "false",
+               "--checkpoint.at_end", "false",
                "--monitor.calibrate_at", str(calibrate_at)]
         if eval_every is not None:
             cmd += ["--train.eval_every", str(eval_every)]
