@@ -52,5 +52,6 @@ def test_validate_runs_the_control_and_the_report_shows_it(tmp_path: Path) -> No
     assert result["noise"]["placebo_pairs"] == 2
     shown = f"{result['state']}: predicted {result['predicted']:.2f}x"
     assert shown in out.stdout and shown in (tmp_path / "r.html").read_text()
+    assert "tuning decisions" not in out.stdout  # a control experiment is not a tuning trial
     again = _tandem(tmp_path, "report", "--validate", timeout=60)
     assert "no finding to validate" in again.stdout and shown in again.stdout

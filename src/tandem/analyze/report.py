@@ -15,7 +15,7 @@ from rich.table import Table
 from tandem.analyze import figures, html, panels, text
 from tandem.analyze.compare import compare, compare_table
 from tandem.analyze.diagnose import Finding, diagnose, verdict
-from tandem.analyze.finding import with_validations
+from tandem.analyze.finding import VALIDATION_PREFIX, with_validations
 from tandem.monitor.store import RunStore
 
 __all__ = ["compare", "compare_table", "print_summary", "render_html", "write_html"]
@@ -150,6 +150,12 @@ def _interval(d: Any, suffix: str = "") -> str:
     return f"{d['estimate']:.3g}{suffix} [{d['low']:.3g}, {d['high']:.3g}]"
 
 
+def tuning_trials(store: RunStore, run_id: str) -> list[dict[str, Any]]:
+    """A tune session's trials (a run's control experiments are kept apart)."""
+    return [t for t in store.trials(run_id)
+            if not str(t["trial_id"]).startswith(VALIDATION_PREFIX)]
+
+
 def trial_rows(trials: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """The tuner's decision record as table rows: id, trial, status, samples/s, ratio, why."""
     return [[str(t["trial_id"]), str((t.get("figures") or {}).get("label", "")),
@@ -178,7 +184,7 @@ def render_html(store: RunStore, run_id: str) -> str:
               *panels.optimizer_panels(groups)]
     charts = [c for c in charts if c]
     summary = run.get("summary") or {}
-    trials = store.trials(run["run_id"])
+    trials = tuning_trials(store, run["run_id"])
     # A tune session records decisions, not training: its trials' runs hold the curves.
     training = [
         "<h2>Diagnosis</h2>", findings_html(findings),
@@ -233,7 +239,7 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
         table.add_row("step time split", ", ".join(
             f"{label} {text.share(v / step)}" for label, v in shares if v is not None))
     console.print(table)
-    trials = store.trials(run["run_id"])
+    trials = tuning_trials(store, run["run_id"])
     if trials:
         decisions = Table(title="tuning decisions", title_justify="left")
         for column in ("#", "trial", "status", "samples/s [95% CI]", "vs plan [95% CI]",
