@@ -115,13 +115,15 @@ def _validate(store: Any, run_id: str, ns: argparse.Namespace,
     if ns.pairs < 2 or ns.steps < 2 * ns.log_every:
         raise ValueError(f"--validate needs --pairs >= 2 (got {ns.pairs}) and --steps at "
                          f"least two windows of --log-every {ns.log_every} (got {ns.steps})")
-    findings = [f for f in findings_of(store, run_id) if f.validation is None]
+    # A confirmed or refuted finding is settled; an inconclusive one is measured again.
+    findings = [f for f in findings_of(store, run_id)
+                if (f.validation or {}).get("state") not in ("confirmed", "refuted")]
     work = store.path.parent / "validate" / run_id
     done = validate_run(store.path, run_id, findings, work, pairs=ns.pairs, steps=ns.steps,
                         log_every=ns.log_every, say=console.print)
     if not done:
         console.print("no finding to validate: none predicts a gain that a control "
-                      "experiment can check, or all were validated before")
+                      "experiment can check, or each was confirmed or refuted before")
 
 
 def _compare(ns: argparse.Namespace, console: Console) -> None:
