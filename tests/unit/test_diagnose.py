@@ -262,3 +262,24 @@ def test_data_imbalance_names_the_rank_that_waits_for_its_batches() -> None:
     assert "data-imbalance" not in _kinds(diagnose(_data_rows([0.02] * 4)))
     # Twice the median but a negligible part of the step: not worth a finding.
     assert "data-imbalance" not in _kinds(diagnose(_data_rows([0.001, 0.001, 0.005])))
+
+
+@pytest.mark.parametrize("noise,batch", [(1000.0, 128), (100.0, 128), (20.0, 512)])
+def test_batch_scaling_reads_the_noise_scale_against_the_batch(noise: float,
+                                                               batch: int) -> None:
+    """McCandlish et al.: steps S(B) = S_min (1 + B_noise / B); the finding's saving at
+    twice the batch is checked against that law computed here, and its wording against
+    where the batch stands."""
+    rows = [*_job_rows("time/step", 0.02), *_job_rows("time/compute", 0.019),
+            *_job_rows("grad_noise_scale", noise)]
+    found = _only(diagnose(rows, config={"train": {"global_batch": batch}}),
+                  "batch-scaling")
+    law = (1 + noise / (2 * batch)) / (1 + noise / batch)
+    assert found.evidence["steps_ratio_at_2x"] == pytest.approx(law)
+    assert f"{1 - law:.0%} of the steps off" in found.message
+    assert found.severity == "info" and found.predicted_speedup is None
+    word = "below it" if batch < noise / 2 else "past it" if batch > 2 * noise else "near it"
+    assert word in found.message
+    # a run without the metric says nothing about it
+    assert "batch-scaling" not in _kinds(diagnose(rows[:-30], config={"train": {
+        "global_batch": batch}}))

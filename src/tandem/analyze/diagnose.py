@@ -33,6 +33,8 @@ compute-bound          ``time/compute`` > COMPUTE_BOUND_SHARE (70%) of ``time/st
 balanced               ``time/step`` exists and no other performance finding fired
 timings-inconsistent   the measured phases add up to more than PHASE_SUM_LIMIT (110%)
                        of the step: no phase-based bottleneck is named
+batch-scaling          ``grad_noise_scale`` was measured: what doubling the global
+                       batch would save in steps (`find_scale.py`)
 =====================  ==========================================================
 
 Severity is "high" when a share is at least twice its threshold (or on any non-finite
@@ -67,6 +69,7 @@ from tandem.analyze.find_ranks import (
     memory_bound,
     straggler,
 )
+from tandem.analyze.find_scale import batch_scaling
 from tandem.analyze.finding import (
     IN_MEMORY_DATA,
     NO_COMM,
@@ -101,6 +104,8 @@ def diagnose(metrics: Iterable[Metric], events: Iterable[Mapping[str, Any]] = ()
     found = _performance(ctx)
     if (health := unstable(ctx.groups, chosen, config)) is not None:
         found.append(health)
+    if (scaling := batch_scaling(ctx)) is not None:
+        found.append(scaling)
     return sorted(found, key=lambda f: (SEVERITIES.index(f.severity),
                                         -float(f.evidence.get("share", 0.0))))
 
