@@ -45,4 +45,12 @@ def test_calibration_does_not_change_what_a_stateful_hook_trains(tmp_path: Path)
     grads = sum(p.numel() * 4 for p in toy_task.make_model().parameters())
     with RunStore(tmp_path / "tandem.db") as store:
         rows = store.metrics(store.run("plain")["run_id"], "comm/bytes_per_step")
+        plain = store.run("plain")["summary"]
+        calibrated = store.run("topk-3")
+        cost = store.metrics(calibrated["run_id"], "time/calibration_s")
     assert rows and rows[-1]["value"] == pytest.approx(ring_allreduce_bytes(grads, 2))
+    # What calibration cost is recorded, within the run's time; nothing without it.
+    assert plain["calibration_s"] == 0.0
+    spent = calibrated["summary"]["calibration_s"]
+    assert 0 < spent < calibrated["summary"]["wall_time_s"]
+    assert cost and cost[-1]["value"] == pytest.approx(spent, rel=0.5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 
@@ -25,6 +26,7 @@ class Calibration:
         self.p = parts
         self.step_s: float | None = None  # the window step time at the last measurement
         self.grad_bytes = sum(q.numel() * q.element_size() for q in parts.params)
+        self.seconds = 0.0  # what every measurement so far cost this rank, in wall time
 
     def run(self, batch: object, accum: int, reporter: Reporter) -> None:
         """Measure FLOPs, peak and the link on `batch` (the last micro-batch). All ranks.
@@ -34,6 +36,7 @@ class Calibration:
         feedback) restored.
         """
         p = self.p
+        started = time.perf_counter()
         model, task, strategy = p.model, p.task, p.strategy
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
 
@@ -58,7 +61,8 @@ class Calibration:
                     value.copy_(buffers[name])
         figures.update(state_bytes(model, p.optimizer))
         p.monitor.static.update(figures)
-        reporter.record(p.state.step, figures)
+        self.seconds += time.perf_counter() - started
+        reporter.record(p.state.step, {**figures, "time/calibration_s": self.seconds})
 
     def drifted(self, step_s: float) -> bool:
         """Whether the window's step time (rank 0's view) is DRIFT away from the one the
@@ -72,9 +76,11 @@ class Calibration:
 
     def relink(self, reporter: Reporter) -> None:
         """Measure the link's cost again (the ranks agreed to). All ranks."""
+        started = time.perf_counter()
         figures = link_cost(self.grad_bytes, self.p.device)
         self.p.monitor.static.update(figures)
-        reporter.record(self.p.state.step, figures)
+        self.seconds += time.perf_counter() - started
+        reporter.record(self.p.state.step, {**figures, "time/calibration_s": self.seconds})
         reporter.event(self.p.state.step, "recalibrated",
                        "the step time drifted more than 15% from where the link's cost was "
                        "measured: measured again")

@@ -393,6 +393,7 @@ class Trainer:
             "accumulation": self.accum,
             "wall_time_s": progress.elapsed_s,
             "eval_time_s": self.eval_s,
+            "calibration_s": self.calibration.seconds,
             "samples_per_s": progress.samples / progress.train_s if progress.train_s else 0.0,
             **self.monitor.percentiles(),
             **self.last_eval,
