@@ -20,7 +20,7 @@ IDS = SampleLog()
 
 def loss(logits, batch):
     IDS.record(batch[-1])
-    return example.loss(logits, batch)
+    return example.task.loss(logits, batch)
 
 
 task = tandem.Task(model=example.make_model, optimizer=example.make_optimizer,
