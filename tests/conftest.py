@@ -33,7 +33,7 @@ else:
 # measure timings, which run at the end of the other lane.
 WAITING_LANE = ("tests/faults/test_sched_",)
 TIMING_LAST = ("tests/dist/test_evaluation_signals.py", "tests/dist/test_tune.py",
-               "tests/dist/test_report_validate.py")
+               "tests/dist/test_report_validate.py", "tests/dist/test_scaling_model_run.py")
 # multiprocessing's resource tracker lives as long as the test process, by design.
 LONG_LIVED = ("multiprocessing.resource_tracker",)
 
