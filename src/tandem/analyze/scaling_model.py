@@ -237,8 +237,13 @@ def _compute(fig: RunFigures, n: int, measured: float, cold0: float, cold: float
     """Core-seconds of a rank's forward and backward at n ranks, from the run's
     `measured` core-seconds: per sample, plus the cold start (`cold0` in the run,
     `cold` at n ranks)."""
-    per_sample = max(0.1 * measured, measured - cold0) / (fig.global_batch / fig.world_size)
-    return per_sample * fig.global_batch / n + cold
+    warm = max(0.1 * measured, measured - cold0)
+    per_sample = warm / (fig.global_batch / fig.world_size)
+    # The cold start the run can have paid is what its measured time leaves after the
+    # warm part (less than `cold0` when the whole step is shorter): scaled by the cold
+    # start at n ranks, so that at the run's own size the run's own time comes back.
+    seen = measured - warm
+    return per_sample * fig.global_batch / n + (seen * cold / cold0 if cold0 > 0 else cold)
 
 
 def _credit(fig: RunFigures, n: int) -> float:
