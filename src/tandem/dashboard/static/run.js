@@ -5,6 +5,10 @@
   const TRAINING = new Set(["loss", "samples_per_s", "tokens_per_s", "grad_norm", "lr",
     "loss_scale", "update_ratio", "mfu"]);
   const STEP_NAMES = new Set(["time/step", "time/step_p50", "time/step_max"]);
+  // Under time/ but not a part of each step: a checkpoint's wait, calibration's running
+  // cost, the wire time the link predicts. Each gets its own chart, not the phase split.
+  const NOT_PHASES = new Set(["time/checkpoint_blocking_s", "time/calibration_s",
+    "time/wire_predicted"]);
   const HEAT_NAMES = Object.keys(d.heatmaps).concat(["time/step", "straggler/score"]);
   T.run = run; T.events = d.events; T.segments = d.segments; T.lines = {}; T.heat = {};
 
@@ -14,7 +18,7 @@
     if (name === "samples_per_s") return ["throughput", "curves", "throughput (samples/s)"];
     if (name === "tokens_per_s") return ["tokens", "curves", "throughput (tokens/s)"];
     if (STEP_NAMES.has(name)) return ["steptime", "phases", "step time (s): mean, p50, max"];
-    if (name.startsWith("time/")) return ["phases", "phases", "step-time split: seconds per step by phase"];
+    if (name.startsWith("time/") && !NOT_PHASES.has(name)) return ["phases", "phases", "step-time split: seconds per step by phase"];
     if (name === "straggler/score") return null;
     if (name.startsWith("sys/") || name.startsWith("mem/")) return [name, "system", name];
     if (!name.includes("/") || TRAINING.has(name)) return [name, "curves", name];
