@@ -35,3 +35,20 @@ def test_missing_plan_and_endpoint_are_named(tmp_path: Path) -> None:
     # One node: torchrun's standalone rendezvous, on the loopback interface only.
     assert "--rdzv-endpoint=127.0.0.1:0" in single and "--local-addr=127.0.0.1" in single
     assert "--standalone" not in single
+
+
+def test_the_command_line_works_without_the_dashboard_extra() -> None:
+    """The demo installs only the `examples` extra: the command line must not need
+    starlette, uvicorn or jinja2 (the dashboard's), nor import torch to launch."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for name in ('starlette', 'uvicorn', 'jinja2'): sys.modules[name] = None\n"
+            "from tandem.cli import _parser\n"
+            "ns = _parser().parse_args(['run', '--nproc-per-node', '2', 'train.py'])\n"
+            "assert ns.command == 'run'\n"
+            "assert 'torch' not in sys.modules, 'the launcher imported torch'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
