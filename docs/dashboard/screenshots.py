@@ -80,7 +80,8 @@ def main() -> None:
     store = cwd / "runs" / "tandem.db"
     if not args.reuse:
         train(cwd, "mnist1d_cnn", args.steps // 2)
-        train(cwd, "mnist1d_cnn", args.steps)  # continues the same run: a second segment
+        # continues the same run (a second segment), its schedule stretched on purpose
+        train(cwd, "mnist1d_cnn", args.steps, "--run.allow_changes", "train.steps")
         train(cwd, "mnist1d_fp16", args.steps, "--plan.comm_hook", "fp16")
         tune_session(store)
     with RunStore(store) as s:
