@@ -49,8 +49,15 @@ def test_tune_fixes_a_misconfigured_job(tmp_path: Path) -> None:
     step that memory does not require. The tuner must raise the micro-batch from its
     measurements (never halve it), prove the gain in paired runs beyond its own placebo,
     and say so in the plan file, the store and the report."""
+    # Longer runs than FAST: the adopted plan runs a step in ~10 ms, and 24 steps would
+    # measure it over a quarter of a second, where one scheduling hiccup of a loaded
+    # machine moves the figure by half (pair sd 38% in one such session, against 4% for
+    # the slower current plan). 120 steps measure it over about a second, and a fourth
+    # pair is allowed before the candidate counts as not significant.
+    long_runs = ["--steps", "120", "--log-every", "10", "--trial-timeout", "240",
+                 "--placebo-pairs", "2", "--max-pairs", "4"]
     out = _tune(tmp_path, "--nproc-per-node", "2", "--max-trials", "1", "--budget", "12m",
-                *FAST, SCRIPT, "--train.global_batch", "128", "--train.micro_batch", "2",
+                *long_runs, SCRIPT, "--train.global_batch", "128", "--train.micro_batch", "2",
                 sleep_ms="0", timeout=880)
     text = (tmp_path / "plan.toml").read_text()
     plan = tomllib.loads(text)
