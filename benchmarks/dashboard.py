@@ -2,7 +2,7 @@
 
     python benchmarks/dashboard.py latency    [--seconds 30]
     python benchmarks/dashboard.py firstpaint [--store /tmp/tandem-dash-big.db] [--repeats 5]
-    python benchmarks/dashboard.py overhead   [--repeats 4] [--steps 1500]
+    python benchmarks/dashboard.py overhead   [--pairs 15] [--block 15] [--nproc 2]
 
 latency: 4 writer processes log 10 windows/s each through the trainer's StoreWriter; a
 Chromium page shows one of the runs. Each commit's time is taken in the writer process
@@ -14,9 +14,11 @@ RunStore.log_metrics and kept). A fresh browser context loads the runs page and 
 the figures are Chromium's first-contentful-paint and the page's own `tandem:ready` mark
 (every chart drawn with the store's data), both from navigation start.
 
-overhead: a real training run (examples/mnist1d_cnn.py, one process) with and without a
-dashboard page open on it, interleaved; throughput is the trainer's samples/s (summary),
-the server's CPU is its process CPU time over the run's wall time.
+overhead: one long real training run (examples/mnist1d_cnn.py, 2 processes by default: both
+cores busy, the worst case for a neighbour) with a Chromium page open on it and closed in
+alternating blocks, the order of each pair alternating; throughput of a block is samples
+over the wall time between its first and last committed window; the server's CPU is its
+process CPU time over the block.
 Needs the dev extra (playwright) and Debian's chromium.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import socket
@@ -249,17 +252,19 @@ def firstpaint(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------------- overhead
-def _train(run_dir: Path, name: str, steps: int) -> subprocess.Popen:
-    cmd = [sys.executable, str(ROOT / "examples" / "mnist1d_cnn.py"), "--train.steps",
-           str(steps), "--run.dir", str(run_dir), "--run.name", name,
-           "--checkpoint.every", "0", "--checkpoint.at_end", "false",
+def _train(run_dir: Path, name: str, steps: int, nproc: int) -> subprocess.Popen:
+    script = str(ROOT / "examples" / "mnist1d_cnn.py")
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 f"--nproc-per-node={nproc}", script] if nproc > 1 else [sys.executable, script])
+    cmd = [*launcher, "--train.steps", str(steps), "--run.dir", str(run_dir),
+           "--run.name", name, "--checkpoint.every", "0", "--checkpoint.at_end", "false",
            "--monitor.progress", "off", "--monitor.log_every", "10",
            "--train.eval_every", "0", "--train.target", ""]
     return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _open_when_live(page: Any, base: str, name: str, proc: subprocess.Popen) -> bool:
+def _live_run(base: str, name: str, proc: subprocess.Popen) -> str:
     import urllib.request
 
     while proc.poll() is None:
@@ -267,16 +272,41 @@ def _open_when_live(page: Any, base: str, name: str, proc: subprocess.Popen) -> 
             runs = json.loads(resp.read())["runs"]
         run = next((r for r in runs if r["name"] == name and r["status"] == "running"), None)
         if run is not None:
-            page.goto(f"{base}/run/{run['run_id']}")
-            page.wait_for_selector("body[data-ready='1']")
-            return True
-        time.sleep(0.05)
-    return False
+            return run["run_id"]
+        time.sleep(0.1)
+    raise RuntimeError(f"the run ended before it was live:\n{proc.stderr.read()[-3000:]}")
+
+
+def _windows(store: Path, run_id: str) -> list[tuple[int, float]]:
+    """(step, time) of every logging window the run has committed."""
+    with RunStore(store) as s:
+        rows = s.metrics(run_id)
+    return sorted({(int(r["step"]), float(r["time"])) for r in rows
+                   if r["name"] == "samples_per_s"})
+
+
+def _block_rate(windows: list[tuple[int, float]], start: float, end: float,
+                batch: int) -> float | None:
+    """Samples/s between the first and the last window closed inside [start, end]."""
+    inside = [w for w in windows if start <= w[1] <= end]
+    if len(inside) < 3:
+        return None
+    (s0, t0), (s1, t1) = inside[0], inside[-1]
+    return (s1 - s0) * batch / (t1 - t0)
 
 
 def overhead(args: argparse.Namespace) -> None:
+    """Within one long run, a page open and closed in alternating blocks (AB, BA, ...).
+
+    The treatment (a page open on the live run) can be applied and removed while the
+    run goes, so the block, not the run, is the unit: every run-level source of noise
+    (the processes' placement, their memory, the plan) is held fixed, and the order of
+    each pair alternates so that a drift of the machine cancels across pairs. One ratio
+    per pair (open over closed samples/s), a Student-t interval over the pairs."""
     import psutil
     from playwright.sync_api import sync_playwright
+
+    from tandem.tune.stats import t_quantile
 
     run_dir = Path(tempfile.mkdtemp(prefix="tandem-dash-ovh-"))
     store = run_dir / "tandem.db"
@@ -284,59 +314,83 @@ def overhead(args: argparse.Namespace) -> None:
         pass
     proc, base = start_server(store)
     server = psutil.Process(proc.pid)
-    rates: dict[str, list[float]] = {"closed": [], "open": []}
-    cpu: list[float] = []
-    browser_cpu: list[float] = []
-
-    def chromium_cpu() -> float:
-        """CPU seconds of every Chromium process this benchmark started."""
-        total = 0.0
-        for p in psutil.Process().children(recursive=True):
-            try:
-                if "chrom" in p.name().lower():
-                    t = p.cpu_times()
-                    total += t.user + t.system
-            except psutil.Error:
-                continue
-        return total
+    train = _train(run_dir, "overhead", 10_000_000, args.nproc)
+    blocks: list[tuple[str, float, float, float, float]] = []  # mode, start, end, cpu, page
     try:
+        run_id = _live_run(base, "overhead", train)
+        time.sleep(args.warmup)
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-            for i in range(args.repeats):
-                for mode in ("closed", "open"):
-                    name = f"{mode}-{i}"
-                    page = browser.new_page() if mode == "open" else None
-                    before, t0 = server.cpu_times(), time.monotonic()
-                    browser_before = chromium_cpu()
-                    train = _train(run_dir, name, args.steps)
-                    if page is not None and not _open_when_live(page, base, name, train):
-                        raise RuntimeError("the run ended before the page could open")
-                    err = train.communicate(timeout=1800)[1]
-                    if train.returncode:
-                        raise RuntimeError(f"training failed:\n{err[-3000:]}")
+            for i in range(args.pairs):
+                for mode in (("closed", "open") if i % 2 == 0 else ("open", "closed")):
+                    page = None
+                    if mode == "open":
+                        page = browser.new_page()
+                        page.goto(f"{base}/run/{run_id}")
+                        page.wait_for_selector("body[data-ready='1']")
+                    browser_proc = [p for p in psutil.Process().children(recursive=True)
+                                    if "chrom" in p.name().lower()]
+                    time.sleep(args.settle)  # the switch itself is in neither block
+                    cpu0, page0 = server.cpu_times(), _cpu(browser_proc)
+                    start = time.time()
+                    time.sleep(args.block)
+                    end = time.time()
+                    cpu1, page1 = server.cpu_times(), _cpu(browser_proc)
+                    used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+                    blocks.append((mode, start, end, used / (end - start),
+                                   (page1 - page0) / (end - start)))
                     if page is not None:
-                        after, wall = server.cpu_times(), time.monotonic() - t0
-                        used = (after.user + after.system) - (before.user + before.system)
-                        cpu.append(used / wall)
-                        browser_cpu.append((chromium_cpu() - browser_before) / wall)
                         page.close()
-                    summary = json.loads((run_dir / name / "summary.json").read_text())
-                    rates[mode].append(summary["samples_per_s"])
-                    print(f"  {name}: {summary['samples_per_s']:.0f} samples/s", flush=True)
+                    if train.poll() is not None:
+                        raise RuntimeError(f"training ended:\n{train.stderr.read()[-3000:]}")
+                print(f"  pair {i + 1}/{args.pairs} done", flush=True)
             browser.close()
     finally:
+        if train.poll() is None:
+            os.killpg(train.pid, 15)
+            train.wait(60)
         stop(proc)
-    closed, opened = statistics.median(rates["closed"]), statistics.median(rates["open"])
-    pairs = [o / c for c, o in zip(rates["closed"], rates["open"], strict=True)]
-    print(f"overhead: mnist1d_cnn, 1 process, {args.steps} steps, log_every 10, "
-          f"{args.repeats} interleaved pairs")
-    print(f"  samples/s closed {closed:.0f}, open {opened:.0f}: change "
-          f"{(opened / closed - 1) * 100:+.1f}% (pairs: "
-          f"{', '.join(f'{(p - 1) * 100:+.1f}%' for p in pairs)})")
-    print(f"  server CPU while a page was open: median {statistics.median(cpu) * 100:.1f}% "
-          f"of one core, max {max(cpu) * 100:.1f}%; Chromium (the page) median "
-          f"{statistics.median(browser_cpu) * 100:.1f}% of one core")
+    windows = _windows(store, run_id)
+    rates = [(m, _block_rate(windows, a, b, 128), c, pc) for m, a, b, c, pc in blocks]
+    logs = []
+    for i in range(0, len(rates), 2):
+        pair = {m: r for m, r, _, _ in rates[i:i + 2]}
+        if pair.get("open") and pair.get("closed"):
+            logs.append(math.log(pair["open"] / pair["closed"]))
+    n = len(logs)
+    mean = statistics.fmean(logs)
+    half = t_quantile(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+    closed = [r for m, r, _, _ in rates if m == "closed" and r]
+    opened = [r for m, r, _, _ in rates if m == "open" and r]
+    cpu = [c for m, _, c, _ in rates if m == "open"]
+    idle_cpu = [c for m, _, c, _ in rates if m == "closed"]
+    page_cpu = [pc for m, _, _, pc in rates if m == "open"]
+    print(f"overhead: mnist1d_cnn, {args.nproc} process(es), log_every 10, one run, "
+          f"{n} pairs of {args.block:.0f}-s blocks (page open / closed, order alternating)")
+    print(f"  samples/s closed median {statistics.median(closed):.0f}, open "
+          f"{statistics.median(opened):.0f}; open/closed {math.exp(mean):.4f} "
+          f"[{math.exp(mean - half):.4f}, {math.exp(mean + half):.4f}] (95%, t over pairs); "
+          f"change {(math.exp(mean) - 1) * 100:+.2f}% [{(math.exp(mean - half) - 1) * 100:+.2f}%, "
+          f"{(math.exp(mean + half) - 1) * 100:+.2f}%]")
+    print(f"  server CPU, page open: median {statistics.median(cpu) * 100:.2f}% of one core "
+          f"(max {max(cpu) * 100:.2f}%); page closed: median "
+          f"{statistics.median(idle_cpu) * 100:.2f}%; Chromium (the page, on this machine) "
+          f"median {statistics.median(page_cpu) * 100:.1f}% of one core")
     print(f"  {load_average()}")
+
+
+def _cpu(processes: list[Any]) -> float:
+    """CPU seconds of `processes` (those gone count as 0)."""
+    import psutil
+
+    total = 0.0
+    for p in processes:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
 
 
 def main() -> None:
@@ -348,8 +402,12 @@ def main() -> None:
     fp.add_argument("--store", default="/tmp/tandem-dash-big.db")
     fp.add_argument("--repeats", type=int, default=5)
     ov = sub.add_parser("overhead")
-    ov.add_argument("--repeats", type=int, default=4)
-    ov.add_argument("--steps", type=int, default=1500)
+    ov.add_argument("--pairs", type=int, default=15)
+    ov.add_argument("--block", type=float, default=15.0, help="seconds of each block")
+    ov.add_argument("--settle", type=float, default=2.0,
+                    help="seconds after each switch that count in neither block")
+    ov.add_argument("--warmup", type=float, default=10.0)
+    ov.add_argument("--nproc", type=int, default=2)
     args = parser.parse_args()
     {"latency": latency, "firstpaint": firstpaint, "overhead": overhead}[args.part](args)
 

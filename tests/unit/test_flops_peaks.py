@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -27,3 +29,35 @@ def test_the_card_named_gets_its_own_peak(monkeypatch: pytest.MonkeyPatch, name:
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     assert found == peak and source.startswith("data sheet")
+
+
+def test_a_measured_peak_is_measured_once_per_machine(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path) -> None:
+    """The CPU probe runs on the first call only; later calls (later runs) read the file,
+    a corrupt file is measured again, and a low probe never lowers what is kept."""
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    probes = iter([50e9, 40e9, 70e9])
+    calls: list[float] = []
+
+    def probe(device: torch.device, precision: str) -> float:
+        calls.append(next(probes))
+        return calls[-1]
+
+    monkeypatch.setattr(flops, "measure_matmul", probe)
+    cpu = torch.device("cpu")
+    first = flops.peak_flops(cpu, "fp32")
+    assert first == (50e9, "measured matmul (cpu, fp32)") and len(calls) == 1
+    again = flops.peak_flops(cpu, "fp32")
+    assert again == (50e9, "measured matmul (cpu, fp32, cached)") and len(calls) == 1
+    (tmp_path / flops.PEAKS_FILE).write_text("{not json")
+    assert flops.peak_flops(cpu, "fp32")[0] == 40e9 and len(calls) == 2
+    flops._remember(flops._machine_key(cpu, "fp32"), 30e9)  # a probe slowed by a neighbour
+    assert flops.peak_flops(cpu, "fp32")[0] == 40e9
+    other = torch.get_num_threads() + 1  # another thread count is another key
+    before = torch.get_num_threads()
+    torch.set_num_threads(other)
+    try:
+        assert flops.peak_flops(cpu, "fp32") == (70e9, "measured matmul (cpu, fp32)")
+    finally:
+        torch.set_num_threads(before)
+    assert len(calls) == 3 and len(json.loads((tmp_path / flops.PEAKS_FILE).read_text())) == 2
