@@ -178,7 +178,8 @@ def test_version_1_trials_move_to_tune_trials(tmp_path: Path) -> None:
     assert trial["trial_id"] == "t1" and trial["figures"] == {"ratio": 2.0}
 
 
-def test_version_2_gets_the_covering_index_and_keeps_its_rows(tmp_path: Path) -> None:
+def test_version_2_gets_the_covering_index_and_keeps_its_rows(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "runs.db"
     with RunStore(path) as store:
         store.start_run("r", "r", {}, {}, {})
@@ -189,8 +190,10 @@ def test_version_2_gets_the_covering_index_and_keeps_its_rows(tmp_path: Path) ->
     conn.commit()
     conn.close()
     _set_version(path, 2)
-    with RunStore(path) as store:
+    with caplog.at_level("WARNING", logger="tandem"), RunStore(path) as store:
         assert [m["value"] for m in store.metrics("r", name="loss")] == [1.5, 1.2]
+    # a migration that can take minutes says so before it starts
+    assert any("migrating schema version 2 to 3" in r.getMessage() for r in caplog.records)
     conn = sqlite3.connect(path)
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     plan = " ".join(str(r) for r in conn.execute(

@@ -190,6 +190,9 @@ class RunStore:
                     f"{self.path} has run-store schema version {found}, which this tandem "
                     f"cannot migrate to version {SCHEMA_VERSION} (migrations exist from "
                     f"versions {sorted(MIGRATIONS) or 'none'}); move the file aside")
+            log.warning("run store %s: migrating schema version %d to %d; the store is "
+                        "locked until it is done, which takes a minute or more on a store "
+                        "of millions of rows", self.path, version, version + 1)
             migrate(self._conn)
             version += 1
             log.info("run store %s migrated to schema version %d", self.path, version)
