@@ -5,7 +5,9 @@
 Two real runs of examples/mnist1d_cnn.py on 2 processes (the first one resumed once, so
 it has two segments; the second with fp16 gradient compression), a tune session's
 decision record written through RunStore.log_trial (figures in the shape the tuner
-records), then Chromium's screenshots of the Runs, Run, Compare and Tuner pages.
+records), a scheduler's history written through SchedStore (jobs whose runs are the two
+above; times made up, records in the shape the service writes), then Chromium's
+screenshots of the Runs, Run, Compare, Tuner and Scheduler pages.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +26,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tandem.dashboard.server import DashboardServer  # noqa: E402
 from tandem.monitor.store import RunStore  # noqa: E402
+from tandem.sched.jobstore import SchedStore  # noqa: E402
+from tandem.sched.records import Attempt, JobRecord  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -68,6 +73,55 @@ def tune_session(store: Path) -> None:
                       "evidence": {"plan.comm_hook": "1.15x [1.11, 1.19] over 3 A/B/A blocks"}})
 
 
+def sched_history(store: Path) -> None:
+    """Four jobs on 4 slots over the last ~10 minutes: one resized 4 -> 2 to let another
+    in, one preempted back to the queue, one waiting."""
+    t0 = time.time() - 600
+
+    def launch(s: SchedStore, job_id: str, number: int, procs: int, at: float) -> Attempt:
+        attempt = Attempt(job_id=job_id, attempt=number, backend="local", procs=procs,
+                          launched=t0 + at)
+        s.open_attempt(job_id, attempt, procs, None)
+        return attempt
+
+    def resized(s: SchedStore, job_id: str, attempt: Attempt, kind: str, to: int,
+                at: float, ended: float, again: float | None, steps: tuple) -> None:
+        s.request_stop(job_id, attempt.attempt, kind, to, None, t0 + at)
+        s.close_attempt(job_id, attempt.attempt, 75, "stopped", t0 + ended)
+        s.update_job(job_id, state="stopping" if to else "queued", procs=0)
+        s.record_resize({"job_id": job_id, "attempt": attempt.attempt, "kind": kind,
+                         "decided": t0 + at, "from_procs": attempt.procs, "to_procs": to,
+                         "stopped": t0 + ended, "stopped_step": steps[0],
+                         "resumed_step": steps[1], "steps_redone": steps[0] - steps[1]
+                         if steps[1] is not None else None,
+                         "training_again": None if again is None else t0 + again,
+                         "closed": int(again is not None)})
+
+    with SchedStore(store) as s:
+        s.set_service_value("service", "pid 81234 on demo, backend local (1 x 4 slots), "
+                                       "policy goodput")
+        for name, run, at, procs, priority in (
+                ("cnn", "mnist1d_cnn", 0, (1, 4), 0), ("fp16", "mnist1d_fp16", 60, (2, 2), 0),
+                ("sweep-a", "", 120, (1, 2), 0), ("sweep-b", "", 300, (1, 1), 1)):
+            s.submit(JobRecord(name=name, script=str(ROOT / "examples" / "mnist1d_cnn.py"),
+                               cwd=str(store.parent.parent), min_procs=procs[0],
+                               max_procs=procs[1], priority=priority, run_name=run,
+                               run_dir=str(store.parent), submitted=t0 + at))
+        first = launch(s, "j1", 1, 4, 2)
+        s.record_decision("goodput", "local", {"j1": 2, "j2": 2}, {"j1": "resize 4 -> 2",
+                                                                   "j2": "start on 2"})
+        resized(s, "j1", first, "resize", 2, 61, 66, 79, (150, 150))
+        launch(s, "j1", 2, 2, 68)
+        launch(s, "j2", 1, 2, 68)
+        s.close_attempt("j2", 1, 0, "completed", t0 + 330)
+        s.update_job("j2", state="completed", procs=0, finished=t0 + 330)
+        sweep = launch(s, "j3", 1, 2, 331)
+        s.record_decision("goodput", "local", {"j1": 2, "j3": 0, "j4": 1},
+                          {"j3": "preempt 2 -> 0", "j4": "start on 1"})
+        resized(s, "j3", sweep, "preempt", 0, 480, 484, None, (40, None))
+        launch(s, "j4", 1, 1, 486)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=300)
@@ -84,11 +138,12 @@ def main() -> None:
         train(cwd, "mnist1d_cnn", args.steps, "--run.allow_changes", "train.steps")
         train(cwd, "mnist1d_fp16", args.steps, "--plan.comm_hook", "fp16")
         tune_session(store)
+        sched_history(store)
     with RunStore(store) as s:
         ids = {r["name"]: r["run_id"] for r in s.runs()}
     pages = {"runs": "/runs", "run": f"/run/{ids['mnist1d_cnn']}",
              "compare": f"/compare?runs={ids['mnist1d_cnn']},{ids['mnist1d_fp16']}",
-             "tuner": "/tuner"}
+             "tuner": "/tuner", "sched": "/sched"}
     with DashboardServer(store) as server, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 900})

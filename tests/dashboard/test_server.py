@@ -19,10 +19,10 @@ from tandem.monitor.store import RunStore
 from tests.dashboard.conftest import get, get_json
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUTES = ["/runs", "/run/alpha-1", "/compare?runs=alpha-1,beta-1", "/tuner",
+ROUTES = ["/runs", "/run/alpha-1", "/compare?runs=alpha-1,beta-1", "/tuner", "/sched",
           "/api/runs", "/api/run/alpha-1", "/api/run/alpha-1/findings",
-          "/api/compare?runs=alpha-1,beta-1", "/api/tuner?session=tune-1",
-          "/static/run.js", "/static/vendor/uplot/uPlot.iife.min.js"]
+          "/api/compare?runs=alpha-1,beta-1", "/api/tuner?session=tune-1", "/api/sched",
+          "/static/run.js", "/static/sched.js", "/static/vendor/uplot/uPlot.iife.min.js"]
 
 
 def _fingerprint(path: Path) -> tuple[str, int]:
@@ -133,7 +133,9 @@ def _free_port() -> int:
 @pytest.mark.timeout(90)
 def test_token_is_required_off_loopback(store: Path) -> None:
     token = "t0ken-for-tests-" + "x" * 16
-    env = dict(os.environ, TANDEM_DASHBOARD_TOKEN=token, PYTHONPATH=str(ROOT))
+    # This checkout's tandem, not whichever one the environment has installed.
+    env = dict(os.environ, TANDEM_DASHBOARD_TOKEN=token,
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
     port = _free_port()
     proc = _tandem("dashboard", "--store", str(store), "--host", "0.0.0.0", "--port",
                    str(port), env=env)
@@ -141,7 +143,7 @@ def test_token_is_required_off_loopback(store: Path) -> None:
         url = _url_from(proc)
         assert f"token={token}" in url and f":{port}/" in url
         base = f"http://127.0.0.1:{port}"
-        for route in [*ROUTES, "/stream/runs"]:
+        for route in [*ROUTES, "/stream/runs", "/stream/sched"]:
             status, _, headers = get(base + route)
             assert status == 401, route
             assert get(base + route, {"Authorization": "Bearer wrong" + token})[0] == 401

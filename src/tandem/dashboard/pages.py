@@ -4,8 +4,8 @@ Each entry names its address, its template, the function that loads what the pag
 first draws (with a cursor of the rows it holds) and, for live pages, the function that
 returns what was committed past that cursor. The app turns each entry into three
 routes: the page (HTML with its data inside), `/api<path>` (the same data as JSON) and
-`/stream<path>` (server-sent updates). A new page, e.g. a scheduler's, is a new entry
-whose functions read its own tables, plus its template.
+`/stream<path>` (server-sent updates). A new page is a new entry whose functions read
+its own tables (as the scheduler's page reads the sched_* tables), plus its template.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.dashboard import view_compare, view_run, view_runs, view_tuner
+from tandem.dashboard import view_compare, view_run, view_runs, view_sched, view_tuner
 from tandem.dashboard.stream import Updates
 
 Load = Callable[[sqlite3.Connection, Mapping[str, str]], dict[str, Any]]
@@ -41,4 +41,5 @@ PAGES: tuple[Page, ...] = (
     Page("compare", "/compare", "Compare", "compare.html", view_compare.load,
          view_compare.updates),
     Page("tuner", "/tuner", "Tuner", "tuner.html", view_tuner.load, view_tuner.updates),
+    Page("sched", "/sched", "Scheduler", "sched.html", view_sched.load, view_sched.updates),
 )

@@ -1,5 +1,5 @@
 """The SQL the dashboard runs against the run store's tables (runs, metrics, events,
-tune_trials), read-only.
+tune_trials), read-only. The scheduler's tables have theirs in sched_queries.py.
 
 Every table is append-only except `runs` (a run's status and summary change in place),
 so SQLite's implicit rowid orders rows by commit: a page that has seen rows up to a
@@ -18,6 +18,9 @@ from typing import Any
 # rowid, step, rank, name, value, time
 MetricRow = tuple[int, int, int, str, float, float]
 _RUN_JSON = ("config", "plan", "env", "summary")
+# Tables whose newest rowid a page may ask for (names checked: they go into the SQL text).
+ROWID_TABLES = ("metrics", "events", "tune_trials", "runs", "sched_jobs", "sched_attempts",
+                "sched_decisions", "sched_resizes")
 
 
 def _loads(text: str | None) -> Any:
@@ -68,7 +71,7 @@ def run_states(conn: sqlite3.Connection) -> list[tuple[str, str, float | None]]:
 
 def max_rowid(conn: sqlite3.Connection, table: str) -> int:
     """The largest rowid in `table` (0 when empty or absent)."""
-    if table not in ("metrics", "events", "tune_trials", "runs") or not has_table(conn, table):
+    if table not in ROWID_TABLES or not has_table(conn, table):
         return 0
     row = conn.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()  # noqa: S608 - fixed names
     return int(row[0] or 0)

@@ -152,9 +152,8 @@ T.Chart = class {
     this.box = T.el("div");
     parent.append(T.card(title, this.box));
     const width = Math.max(300, this.box.clientWidth || 440);
-    const series = [{ label: this.opts.xLabel || "step" }, ...lines.map((l, i) => ({
-      label: l.label, stroke: T.COLORS[i % T.COLORS.length], width: 1.5, spanGaps: true,
-      points: { show: false } }))];
+    const series = [{ label: this.opts.xLabel || "step" },
+      ...lines.map((l, i) => this.style(l.label, i))];
     this.u = new uPlot({ width, height: this.opts.height || 220, series,
       scales: { x: { time: false }, y: this.opts.log ? { distr: 3 } : {} },
       axes: [{ label: this.opts.xLabel || "step" },
@@ -173,10 +172,14 @@ T.Chart = class {
       if (this.visible && this.dirty) this.refresh();
     }).observe(this.box);
   }
+  // A line's look; `opts.stepped`: it holds each value until the next point.
+  style(label, i) {
+    return { label, stroke: T.COLORS[i % T.COLORS.length], width: 1.5, spanGaps: true,
+      points: { show: false }, ...(this.opts.stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) };
+  }
   add(line) {
     this.lines.push(line);
-    this.u.addSeries({ label: line.label, stroke: T.COLORS[(this.lines.length - 1) % T.COLORS.length],
-      width: 1.5, spanGaps: true, points: { show: false } });
+    this.u.addSeries(this.style(line.label, this.lines.length - 1));
     this.draw();
   }
   // Redraw soon: updates that arrive together are drawn once, charts out of view later.
