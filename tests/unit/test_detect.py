@@ -49,3 +49,26 @@ def test_robust_z_matches_its_definition() -> None:
     history = [1.0, 2.0, 3.0, 4.0, 100.0]
     # median 3, absolute deviations [2, 1, 0, 1, 97] -> MAD 1
     assert robust_z(5.0, history) == 0.6745 * 2.0
+
+
+def test_a_converged_heavy_tailed_loss_is_not_a_stream_of_spikes() -> None:
+    """Near zero, a classifier's per-batch loss is mostly tiny with a batch now and then
+    that holds one misclassified sample (20-40x the median). Such a batch is the curve's
+    own tail, not a spike (at most a few, far out, are named); a real spike (a hundred
+    times the tail) still is one."""
+    rng = random.Random(3)
+    detectors, events = HealthDetectors(), []
+    tail_batches = 0
+    for i in range(2000):
+        loss = 2e-4 * math.exp(rng.gauss(0, 0.3))
+        if rng.random() < 0.1:
+            loss *= rng.uniform(20, 40)
+            tail_batches += 1
+        if i == 1500:
+            loss = 0.5
+        events += [e for e in detectors.step(i, loss, None) if e.kind == "loss_spike"]
+    steps = [e.step for e in events]
+    assert 1500 in steps
+    # before this rule every tail batch was an event (about 180 of them); now a tail
+    # batch is named only when it lies twice as far out as any the window holds
+    assert tail_batches > 150 and len(steps) - 1 <= 0.05 * tail_batches, steps

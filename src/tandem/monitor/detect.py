@@ -3,14 +3,19 @@
 | detector            | fires when                                                         |
 | ------------------- | ------------------------------------------------------------------ |
 | nonfinite           | a loss or gradient norm is NaN or Inf                              |
-| loss_spike          | robust z-score of a loss vs the trailing window > SPIKE_Z          |
-| grad_explosion      | robust z-score of a grad norm vs the trailing window > GRAD_Z      |
+| loss_spike          | robust z-score of a loss vs the trailing window > SPIKE_Z (*)      |
+| grad_explosion      | robust z-score of a grad norm vs the trailing window > GRAD_Z (*)  |
 | throughput_drop     | window throughput < DROP_RATIO x the median of the trailing window |
 | data_stall          | data wait > STALL_FRACTION of a window's step time                 |
 
-Robust z-score = 0.6745 (x - median) / MAD over the trailing window (Iglewicz and
+(*) Robust z-score = 0.6745 (x - median) / MAD over the trailing window (Iglewicz and
 Hoaglin); it ignores the ordinary noise of a decreasing loss curve and fires on
-outliers. Detectors stay silent until the window holds MIN_HISTORY values.
+outliers. An outlier must also lie TAIL_MARGIN times farther above the window's median
+than the highest value the window holds: a converged model's per-batch loss is
+heavy-tailed (most batches near 0, one with a misclassified sample 20-40x the median,
+which the median and MAD never see), and a value the window's own tail already reaches
+is that tail, not a spike. Detectors stay silent until the window holds MIN_HISTORY
+values.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ DROP_RATIO = 0.6
 STALL_FRACTION = 0.5
 MIN_HISTORY = 8
 WINDOW = 50
+TAIL_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -57,17 +63,23 @@ class OutlierDetector:
         self.history: deque[float] = deque(maxlen=window)
 
     def update(self, step: int, value: float) -> Event | None:
-        """Feed one value; return an event if it is an outlier (it is not added then)."""
+        """Feed one value; return an event if it is an outlier. Every value joins the
+        history (the median and MAD hardly move for one outlier), so a second value as
+        high within the window is the same episode, or the tail, not another spike."""
         if not math.isfinite(value):
             return None  # the nonfinite detector reports these
+        event = None
         if len(self.history) >= MIN_HISTORY:
-            score = robust_z(value, list(self.history))
-            if score > self.z:
-                return Event(self.kind, step, value, self.z,
-                             f"{self.what} {value:.4g} at step {step} is an outlier "
-                             f"(robust z {score:.1f} > {self.z})")
+            history = list(self.history)
+            median = statistics.median(history)
+            beyond_tail = value - median > TAIL_MARGIN * (max(history) - median)
+            score = robust_z(value, history)
+            if beyond_tail and score > self.z:
+                event = Event(self.kind, step, value, self.z,
+                              f"{self.what} {value:.4g} at step {step} is an outlier "
+                              f"(robust z {score:.1f} > {self.z})")
         self.history.append(value)
-        return None
+        return event
 
 
 class HealthDetectors:
