@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,8 @@ def start_server(store: Path) -> tuple[subprocess.Popen, str]:
     line = proc.stdout.readline()
     if "http://" not in line:
         raise RuntimeError(f"the dashboard did not start: {line}{proc.stdout.read()}")
+    # keep reading what it prints: a full pipe would stall the server mid-measurement
+    threading.Thread(target=proc.stdout.read, daemon=True).start()
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -260,8 +263,10 @@ def _train(run_dir: Path, name: str, steps: int, nproc: int) -> subprocess.Popen
            "--run.name", name, "--checkpoint.every", "0", "--checkpoint.at_end", "false",
            "--monitor.progress", "off", "--monitor.log_every", "10",
            "--train.eval_every", "0", "--train.target", ""]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # stderr to a file: a pipe nobody reads while the run goes fills up and blocks it
+    log = (run_dir / f"{name}.log").open("w")
+    return subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
 
 
 def _live_run(base: str, name: str, proc: subprocess.Popen) -> str:
@@ -274,7 +279,7 @@ def _live_run(base: str, name: str, proc: subprocess.Popen) -> str:
         if run is not None:
             return run["run_id"]
         time.sleep(0.1)
-    raise RuntimeError(f"the run ended before it was live:\n{proc.stderr.read()[-3000:]}")
+    raise RuntimeError(f"the run ended before it was live (log: {proc.args})")
 
 
 def _windows(store: Path, run_id: str) -> list[tuple[int, float]]:
@@ -342,7 +347,7 @@ def overhead(args: argparse.Namespace) -> None:
                     if page is not None:
                         page.close()
                     if train.poll() is not None:
-                        raise RuntimeError(f"training ended:\n{train.stderr.read()[-3000:]}")
+                        raise RuntimeError(f"training ended: see {run_dir}/overhead.log")
                 print(f"  pair {i + 1}/{args.pairs} done", flush=True)
             browser.close()
     finally:
