@@ -9,6 +9,7 @@ import pytest
 
 from tandem.analyze.scaling_comm import (
     CPU_LINK,
+    CUDA_LINK,
     JITTER_PER_WORK,
     JITTER_SCHEDULED_S,
     cpu_share,
@@ -269,6 +270,33 @@ def test_exposure_below_the_bytes_means_a_faster_link() -> None:
     # exposed: their work is 2/3 of the model's, and nothing was left to sleep.
     assert got[2].wire_s == pytest.approx(0.001)
     assert got[4].wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) * 2 / 3 / 0.5)
+
+
+def test_cuda_ranks_share_devices_and_their_bytes_are_wire_time() -> None:
+    # 2 ranks on 2 GPUs: 50 ms steps of 40 ms compute, 1 ms data, 5 ms optimizer, 3 ms
+    # exposed all-reduce and 1 ms wait; NCCL calibrated at 0.2 ms latency and 10 GB/s.
+    fig = RunFigures(
+        world_size=2, global_batch=128, micro_batch=64, device="cuda", cores=8,
+        devices=2, step_s=0.050, compute_s=0.040, data_s=0.001, optim_s=0.005,
+        comm_exposed_s=0.003, sync_wait_s=0.001, grad_bytes=GRAD, bytes_per_step=GRAD,
+        buckets_per_step=1.0, latency_s=0.0002, allreduce_bytes_per_s=1e10,
+        samples_per_s=128 / 0.050, host_cpu=(0.3,) * 5, process_cpu=(0.9,) * 5)
+    # The bytes cross the device link (wire time, no host work, no cold start): the
+    # exposed 3 ms is the bytes and the hops, the rest of it spread over the 2 hops.
+    wire2 = GRAD / 1e10 + GRAD / CUDA_LINK["local_bytes_per_s"]
+    hop = 0.0001 + (0.003 - 2 * 0.0001 - wire2) / 2
+    got = predict(fig, [1, 2, 4])
+    assert got[2].step_s == pytest.approx(0.050)
+    assert got[1].step_s == pytest.approx(0.080 + 0.002 + 0.005)
+    # Four ranks on two devices: half a device each; 6 hops and 3/2 of the bytes.
+    p4 = got[4]
+    assert p4.cpu_share == 0.5
+    assert (p4.compute_s, p4.data_s, p4.optim_s) == pytest.approx((0.040, 0.001, 0.010))
+    wire4 = 1.5 * GRAD / 1e10 + GRAD / CUDA_LINK["local_bytes_per_s"]
+    assert p4.wire_s == pytest.approx(6 * hop + wire4)
+    per_work = 0.001 / (0.041 * expected_max(2))
+    sigma4 = per_work * 0.0205 + JITTER_SCHEDULED_S
+    assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
 
 
 def _store_run(path: Path, plan: dict | None = None) -> None:
