@@ -127,32 +127,34 @@ def test_saturated_machine_shares_cores_with_foreign_threads() -> None:
     fig = one_process(host_cpu=(1.0,) * 3, process_cpu=(0.4,) * 3)
     assert background_threads(fig) == pytest.approx((4.0, 4.0, 4.0))
     # The run worked 0.4 x 112 ms = 44.8 core-ms: forward, backward and data 0.4 x 104 ms,
-    # the rest 3.2 ms; the cold start of a shared core (6 ms) comes out of that rest and
-    # then 2.8 ms out of the forward and backward.
-    per_sample = 0.4 * 0.104 - (COLD_START_S - 0.4 * 0.008)
-    compute1 = per_sample * 100 / 104  # of 128 samples
+    # the rest 3.2 ms. That rest is where a shared core's cold start is paid, but the
+    # prior (6 ms) does not fit in it: the run paid 3.2 / 6 of it, and so will other sizes.
+    seen = 0.4 * 0.008 / COLD_START_S
     p2 = predict(fig, [2])[2]
     share = 2 / (2 + 4)
     assert p2.cpu_share == pytest.approx(share)
-    # At 2 ranks: half the samples, the cold start again, the bytes' work; the first
-    # 5 ms after the all-reduce ahead of the foreign threads (a whole core: the two
-    # ranks have one each), the rest at a third of a core.
-    work = per_sample / 2 + COLD_START_S + GRAD / BETA + GRAD / GAMMA
+    # At 2 ranks: half the samples, the cold start again (scaled alike), the bytes' work;
+    # the first 5 ms after the all-reduce ahead of the foreign threads (a whole core: the
+    # two ranks have one each), the rest at a third of a core, the bytes last.
+    compute = 0.4 * 0.100 / 2 + seen * COLD_START_S
+    bytes2 = GRAD / BETA + GRAD / GAMMA
+    work = compute + 0.4 * 0.004 / 2 + bytes2
     wall = WAKE_CREDIT_S + (work - WAKE_CREDIT_S) / share
     assert p2.compute_s + p2.data_s + p2.optim_s + p2.other_s + p2.wire_s == pytest.approx(
         wall + 2 * A + WAKE * 4 / 2)
-    assert p2.compute_s == pytest.approx((compute1 / 2 + COLD_START_S) * wall / work)
+    assert p2.wire_s == pytest.approx(bytes2 / share + 2 * A + WAKE * 4 / 2)
+    assert p2.compute_s == pytest.approx(compute * (wall - bytes2 / share) / (work - bytes2))
     assert p2.optim_s == 0.0 and p2.other_s == 0.0  # the cold start took the whole rest
     # The arrival spread: the first rank to arrive gives its third of a core to the
     # foreign threads and the last rank (one of five threads now) gets 0.4.
-    sigma = JITTER_PER_WORK * (per_sample / 2 + COLD_START_S) + JITTER_SCHEDULED_S
+    sigma = JITTER_PER_WORK * (compute + 0.4 * 0.004 / 2) + JITTER_SCHEDULED_S
     last = -expected_max(2) / share + 2 * expected_max(2) / 0.4
     assert p2.wait_s == pytest.approx(sigma * last, rel=1e-5)
     # On a dedicated machine the same work runs on a whole core each, without the cold
     # start of a shared core.
     alone = predict(fig, [1, 2], background=0.0)
-    assert alone[1].compute_s == pytest.approx(compute1)
-    assert alone[2].compute_s == pytest.approx(compute1 / 2)
+    assert alone[1].compute_s == pytest.approx(0.4 * 0.100)
+    assert alone[2].compute_s == pytest.approx(0.4 * 0.100 / 2)
 
 
 def test_fixed_micro_batch_accumulates_and_bad_sizes_are_refused() -> None:
@@ -165,6 +167,9 @@ def test_fixed_micro_batch_accumulates_and_bad_sizes_are_refused() -> None:
         predict(fig, [3])
     with pytest.raises(ValueError, match="background"):
         predict(fig, [2], background=-1.0)
+    empty = one_process(step_s=0.0, compute_s=0.0, backward_s=0.0, data_s=0.0, optim_s=0.0)
+    with pytest.raises(ValueError, match="no measured step time"):
+        predict(empty, [1])
 
 
 def two_process(**changes: object) -> RunFigures:
@@ -253,9 +258,19 @@ def test_foreign_threads_beside_a_multi_process_run() -> None:
                       samples_per_s=128 / 0.104, host_cpu=(1.0,) * 5,
                       process_cpu=(0.33,) * 5)
     share = 0.33 / (1 - 0.004 / 0.104)  # while runnable: all but the wait
-    assert background_threads(fig)[0] == pytest.approx((2 - 2 * 0.33) / share)
+    foreign = (2 - 2 * 0.33) / share
+    assert background_threads(fig)[0] == pytest.approx(foreign)
     got = predict(fig, [1, 2, 4])
     assert got[2].step_s == pytest.approx(0.104)
+    # The measured wait (4 ms, each rank's mean) costs the step less: the rank that
+    # arrived first sleeps and the other one, beside the foreign threads alone, runs at
+    # min(1, 2 / (1 + foreign)) instead of 2 / (2 + foreign). The rest of the 4 ms is in
+    # the phases (the mean rank ran that much faster), so the exposed all-reduce comes
+    # back as the run measured it.
+    first = -expected_max(2) / (2 / (2 + foreign))
+    last = first + 2 * expected_max(2) / min(1.0, 2 / (1 + foreign))
+    assert got[2].wait_s == pytest.approx(0.004 * last / ((last - first) / 2))
+    assert got[2].wire_s == pytest.approx(0.030)
     alone = predict(fig, [1, 2, 4], background=0.0)
     for n in (1, 2, 4):
         assert alone[n].samples_per_s > got[n].samples_per_s

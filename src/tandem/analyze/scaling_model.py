@@ -10,9 +10,10 @@ A data-parallel step (DDP or one process) on rank r takes, in wall-clock seconds
   process CPU x the step time. A phase's wall time cannot tell it once ranks share cores,
   because a phase then also holds the time the rank waited for a core (4 ranks on 2 idle
   cores: the exposed all-reduce lasts 12 ms, of which the cores idle 5). Where every rank
-  has a core of its own, the phases tell it without the noise of the CPU sample: all but
-  the exposed collective and the wait, plus the bytes' work inside the collective. The
-  two readings are blended by how far the cores are oversubscribed.
+  has a core of its own (foreign threads aside: the share reads those phases), the phases
+  tell it without the noise of the CPU sample: all but the exposed collective and the
+  wait, plus the bytes' work inside the collective. The two readings are blended by how
+  far the ranks alone oversubscribe the cores.
 - **share** (`cpu_share`): one thread per process, C cores and `background` foreign
   CPU-bound threads: every runnable thread gets min(1, C / (N + background)) of a core
   (the kernel's fair share). Four processes on two idle cores get half a core each;
@@ -25,7 +26,8 @@ A data-parallel step (DDP or one process) on rank r takes, in wall-clock seconds
   after its work at its share.
 - **wait** for the last rank (`scaling_comm.wait_units`): with a core each the step waits
   sigma x E[max of N]; sharing cores, a rank that arrived sleeps and gives its share to
-  the ranks still working, so the wait costs less than it measures.
+  the threads still working, so the wait costs less than the ranks measure waiting (the
+  rest is in the phases: the mean rank ran that much faster than the fair share).
 
 The work is rebuilt at N from the run's: forward, backward and data scale with the
 samples a rank handles per step (the global batch is the contract: B / N per rank, as k
@@ -37,9 +39,11 @@ interval widens with |log2(m / m0)|. Two per-step costs have laws of their own: 
 bytes' work (`scaling_comm`; no more than the run's exposed collective held), and the
 cold start of a rank whose core is shared (`COLD_START_S` core-seconds per step x the
 saturation: its caches were emptied by the ranks that ran while it slept). The run's
-own are taken out of its work and the ones at N put back: out of the per-step work
-first, since they are paid right after the collective (the optimizer follows the
-all-reduce), the rest out of the next forward.
+own are taken out of its per-step work and the ones at N put back: they are paid right
+after the collective, where the optimizer runs (at 4 ranks on 2 cores the compute
+phase at the fair share holds the one-process per-sample work and no more). Where a
+small step's per-step work has no room for the cold start's prior, it is scaled to
+what the step had.
 
 What is not modelled: FSDP, local SGD / DiLoCo, tensor parallelism, batch ramps, data
 loader workers' own CPU demand, memory limits, several nodes, an optimizer that divides
@@ -65,6 +69,7 @@ from tandem.analyze.scaling_comm import (
     fit_sleep,
     saturation,
     wait_model,
+    wait_units,
 )
 
 HOOK_BYTES = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # buffer bytes per gradient byte
@@ -292,22 +297,26 @@ class _Accounts:
     optim: float
     other: float
     seen: float
-    """Fraction of the modelled overheads (cold start, the bytes' work) the run's own
-    per-step work had room for: 1 unless the model charges more than the run spent."""
+    """Fraction of the cold start's prior the run's per-step work had room for: 1 unless
+    the prior charges more than a small step spent."""
     comm: CommModel
     wait: WaitModel
 
 
-def _measured_work(fig: RunFigures, source: float, bytes0: float) -> float:
+def _measured_work(fig: RunFigures, source: float, bytes0: float, wait0: float) -> float:
     """Core-seconds (device-seconds) a rank worked per step in the run (see the module
-    docstring)."""
+    docstring); `wait0`: what the wait for the last rank cost the step."""
     n0, step = fig.world_size, fig.step_s
-    outside = max(0.0, step - fig.comm_exposed_s - fig.sync_wait_s)
+    # The phases are the mean rank's: the ranks that arrived early slept their mean wait
+    # and the late ones ran that much faster than the fair share, less what it cost.
+    working = max(0.0, step - fig.comm_exposed_s - wait0)
     if fig.device != "cpu":
-        return _share(fig, n0, source) * outside
-    phases = _work_in(fig, outside, n0, source) + bytes0
+        return _share(fig, n0, source) * working
+    phases = _work_in(fig, working, n0, source) + bytes0
     measured = median(fig.process_cpu) * step if fig.process_cpu else phases
-    oversubscribed = saturation(n0, fig.cores, source)
+    # Beside foreign threads the share reads the phases; where the ranks themselves
+    # outnumber the cores, a phase also holds the other ranks' work.
+    oversubscribed = saturation(n0, fig.cores, 0.0)
     work = (1.0 - oversubscribed) * phases + oversubscribed * measured
     return min(work, _work_in(fig, step, n0, source))
 
@@ -324,31 +333,32 @@ def _accounts(fig: RunFigures, source: float) -> _Accounts:
     if n0 > 1 and comm.work(n0) > fig.comm_exposed_s * host:
         # The bytes' work cannot have taken longer than the exposed collective it is in.
         comm = comm.faster(fig.comm_exposed_s * host / comm.work(n0))
-    work = _measured_work(fig, source, comm.work(n0))
+    units, spread_over = _units(fig, source)
+    cost_units, wait_units_ = wait_units(n0, units, spread_over)
+    cost = fig.sync_wait_s * cost_units / wait_units_ if wait_units_ > 0 else 0.0
+    work = _measured_work(fig, source, comm.work(n0), cost)
     # Per sample: forward, backward and data, at the share a computing rank had.
     walls = fig.compute_s + fig.data_s
     per_sample = min(work, walls * _computing_share(fig, source))
-    # Per step: what is left. The modelled overheads (as far as the run's work had room
-    # for them) are paid right after the collective: out of the per-step work first (the
-    # optimizer follows the all-reduce), the rest out of the next forward.
+    # Per step: what is left, less the bytes' work (no more than there is) and the cold
+    # start as far as it had room for it (paid right after the collective, where the
+    # optimizer runs).
     per_step = work - per_sample
+    if comm.work(n0) > per_step:
+        comm = comm.faster(per_step / comm.work(n0))
+    per_step -= comm.work(n0)
     cold = _cold(fig, n0, source)
-    overheads = cold + comm.work(n0)
-    seen = min(1.0, work / overheads) if overheads > 0 else 1.0
-    paid = seen * overheads
-    replicated = max(0.0, per_step - paid)
-    per_sample -= paid - (per_step - replicated)
+    seen = min(1.0, per_step / cold) if cold > 0 else 1.0
+    replicated = per_step - seen * cold
     compute = per_sample * fig.compute_s / walls if walls > 0 else 0.0
     loop = fig.optim_s + fig.other_s
     optim = replicated * fig.optim_s / loop if loop > 0 else 0.0
     # What the step leaves after the work at its share: asleep in the collectives or
     # waiting for the last rank.
     asleep = max(0.0, fig.step_s - _wall(fig, work, n0, source))
-    units, spread_over = _units(fig, source)
     before = per_sample + seen * cold + replicated - optim  # before the collective
     wait = wait_model(world=n0, sync_wait_s=fig.sync_wait_s, work_s=before, cores=units,
                       background=spread_over)
-    cost = wait.cost(n0, before, units, spread_over)
     if cost > asleep:  # the wait cannot cost more than the step left
         wait = WaitModel(per_work=wait.per_work * asleep / cost,
                          scheduled_s=wait.scheduled_s * asleep / cost)
@@ -367,15 +377,18 @@ def _terms(fig: RunFigures, n: int, source: float, target: float) -> dict[str, f
     samples = fig.world_size / n  # each rank's samples per step, relative to the run's
     compute = run.compute * samples + run.seen * _cold(fig, n, target)
     data = run.data * samples
-    wire = run.seen * run.comm.work(n)
+    wire = run.comm.work(n)
     work = compute + data + run.optim + run.other + wire
     wall = _wall(fig, work, n, target)
-    scale = wall / work if work > 0 else 0.0  # wall seconds per core-second
+    # The bytes' work comes last, in the collective; the rest shares the wall before it.
+    wire_wall = wall - _wall(fig, work - wire, n, target)
+    rest = work - wire
+    scale = (wall - wire_wall) / rest if rest > 0 else 0.0  # wall seconds per core-second
     units, spread_over = _units(fig, target)
     wait = run.wait.cost(n, compute + data + run.other, units, spread_over)
     return {"optim": run.optim * scale, "other": run.other * scale, "data": data * scale,
             "compute": compute * scale,
-            "wire": wire * scale + run.comm.sleep(n, target, fig.cores), "wait": wait,
+            "wire": wire_wall + run.comm.sleep(n, target, fig.cores), "wait": wait,
             "share": _share(fig, n, target), "accum": float(accum),
             "fitted": float(run.comm.fitted)}
 
@@ -407,6 +420,9 @@ def predict_one(fig: RunFigures, n: int, background: float | None = None) -> Pre
     target = middle if background is None else background
     terms = _terms(fig, n, middle, target)
     step = step_seconds(terms)
+    if step <= 0:
+        raise ValueError(f"run {fig.run_id!r}: no measured step time to scale "
+                         f"(time/step {fig.step_s:g} s)")
     # The run's background over its windows; and, unless told the background at
     # prediction time, its drift by then.
     cases = [(lo, lo if background is None else background),
