@@ -154,6 +154,8 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="only compare the runs already in --out")
     args = parser.parse_args()
+    if args.report_only and not args.out:
+        parser.error("--report-only compares the runs stored in --out: give --out DIR")
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.steps = {"mnist1d_cnn": args.mnist_steps, "char_lm": args.lm_steps}
     print(f"cores {os.cpu_count()}, load average {os.getloadavg()}", flush=True)

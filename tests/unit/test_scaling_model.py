@@ -9,11 +9,14 @@ import pytest
 
 from tandem.analyze.scaling_comm import (
     CPU_LINK,
+    CUDA_LINK,
     JITTER_PER_WORK,
     JITTER_SCHEDULED_S,
     cpu_share,
     expected_max,
+    expected_order,
     saturation,
+    wait_units,
 )
 from tandem.analyze.scaling_inputs import figures_from_run, run_figures, steady_steps
 from tandem.analyze.scaling_model import (
@@ -48,6 +51,12 @@ def test_expected_maximum_of_normals_matches_known_values() -> None:
     assert expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-5)
     assert expected_max(3) == pytest.approx(1.5 / math.sqrt(math.pi), rel=1e-5)
     assert expected_max(4) == pytest.approx(1.029375, rel=1e-5)
+    # Other order statistics: the smallest of two, the median of three, the third of four
+    # (tabulated: 0.297011); the four of them average to zero.
+    assert expected_order(1, 2) == pytest.approx(-1 / math.sqrt(math.pi), rel=1e-5)
+    assert expected_order(2, 3) == pytest.approx(0.0, abs=1e-9)
+    assert expected_order(3, 4) == pytest.approx(0.297011, rel=1e-5)
+    assert sum(expected_order(i, 4) for i in range(1, 5)) == pytest.approx(0.0, abs=1e-9)
 
 
 def test_saturation_and_share_by_hand() -> None:
@@ -57,13 +66,36 @@ def test_saturation_and_share_by_hand() -> None:
     assert saturation(4, 2, 0.0) == 1.0 and saturation(1, 2, 9.0) == 1.0
 
 
+# The order statistics of four standard normals (tables), and the 4-on-2-cores wait: the
+# ranks arrive at the collective spread by one core-second of work; until the first one
+# arrives all four run at half a core, then the three left at 2/3, then two and one at
+# a whole core each.
+E4 = (-1.029375, -0.297011, 0.297011, 1.029375)
+ARRIVALS4 = [E4[0] / 0.5]
+for _k, _share in ((1, 2 / 3), (2, 1.0), (3, 1.0)):
+    ARRIVALS4.append(ARRIVALS4[-1] + (E4[_k] - E4[_k - 1]) / _share)
+COST4 = ARRIVALS4[-1]  # the step ends when the last arrives
+MEAN_WAIT4 = ARRIVALS4[-1] - sum(ARRIVALS4) / 4  # what each rank measures waiting
+
+
+def test_wait_units_by_hand() -> None:
+    # With a core each, the step waits for the last: E[max] both ways.
+    assert wait_units(2, 2, 0.0) == pytest.approx((expected_max(2), expected_max(2)))
+    assert wait_units(4, 8, 2.0) == pytest.approx((expected_max(4), expected_max(4)))
+    # Sharing cores, a rank that arrived gives its share to the ones still working: the
+    # step pays far less than the ranks measure waiting.
+    assert COST4 == pytest.approx(0.366182, rel=1e-4)
+    assert wait_units(4, 2, 0.0) == pytest.approx((COST4, MEAN_WAIT4), rel=1e-5)
+    assert wait_units(4, 2, 0.0)[0] < expected_max(4) < wait_units(4, 2, 0.0)[1]
+
+
 def test_idle_machine_from_one_process() -> None:
     fig = one_process()
     assert background_threads(fig) == (0.0, 0.0, 0.0)  # 2 x 0.5 busy = our one core
     got = predict(fig, [1, 2, 4])
     assert got[1].step_s == pytest.approx(0.112)
-    # Two ranks: one core each, half the samples each, the ring over 2 hops, no foreign
-    # thread to wake past and no cold start.
+    # Two ranks: one core each, half the samples each, the ring over 2 hops (the bytes'
+    # work at a whole core), no foreign thread to wake past and no cold start.
     wire2 = 2 * A + (1.0 * GRAD / BETA + GRAD / GAMMA)
     pre2 = 0.050 + 0.002 + 0.002
     wait2 = JITTER_PER_WORK * pre2 * expected_max(2)
@@ -74,44 +106,55 @@ def test_idle_machine_from_one_process() -> None:
     assert p2.wire_s == pytest.approx(wire2)
     assert p2.wait_s == pytest.approx(wait2)
     assert p2.samples_per_s == pytest.approx(128 / (pre2 + 0.006 + wire2 + wait2))
-    # Four ranks on two cores: half a core each, and a cold start each step; the bytes'
-    # work at half a core too. The optimizer runs first after the collective: its first
-    # WAKE_CREDIT_S (5 ms of its 6) at full speed.
-    assert WAKE_CREDIT_S == 0.005
+    # Four ranks on two cores: all of a rank's work, the cold start (in its compute) and
+    # the bytes' work included, at half a core; the hops sleep as they did. The ranks'
+    # arrival spread costs COST4 per core-second of it.
     p4 = got[4]
-    compute4 = (0.100 / 4 + COLD_START_S) / 0.5
     assert p4.cpu_share == 0.5
     assert (p4.compute_s, p4.data_s, p4.optim_s, p4.other_s) == pytest.approx(
-        (compute4, 0.002, 0.005 + 0.001 / 0.5, 0.004))
+        ((0.100 / 4 + COLD_START_S) / 0.5, 0.001 / 0.5, 0.006 / 0.5, 0.002 / 0.5))
     assert p4.wire_s == pytest.approx(6 * A + (1.5 * GRAD / BETA + GRAD / GAMMA) / 0.5)
-    sigma4 = JITTER_PER_WORK * (compute4 + 0.006) + JITTER_SCHEDULED_S
-    assert p4.wait_s == pytest.approx(sigma4 * expected_max(4))
+    sigma4 = JITTER_PER_WORK * (0.025 + COLD_START_S + 0.001 + 0.002) + JITTER_SCHEDULED_S
+    assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
     for p in got.values():
         assert p.low <= p.samples_per_s <= p.high
         assert p.step_s == pytest.approx(sum(p.breakdown.values()))
 
 
 def test_saturated_machine_shares_cores_with_foreign_threads() -> None:
-    # The host is fully busy and the run's process got 0.4 of a core: 2 / 0.4 = 5
-    # runnable threads, 4 of them foreign.
+    # The host is fully busy and the run's process got 0.4 of a core: the host's other
+    # 1.6 cores went to foreign threads at 0.4 each, 4 of them.
     fig = one_process(host_cpu=(1.0,) * 3, process_cpu=(0.4,) * 3)
     assert background_threads(fig) == pytest.approx((4.0, 4.0, 4.0))
+    # The run worked 0.4 x 112 ms = 44.8 core-ms: forward, backward and data 0.4 x 104 ms,
+    # the rest 3.2 ms. That rest is where a shared core's cold start is paid, but the
+    # prior (6 ms) does not fit in it: the run paid 3.2 / 6 of it, and so will other sizes.
+    seen = 0.4 * 0.008 / COLD_START_S
     p2 = predict(fig, [2])[2]
     share = 2 / (2 + 4)
-    per_sample = (0.100 * 0.4 - COLD_START_S) / 128  # core-seconds, cold start apart
     assert p2.cpu_share == pytest.approx(share)
-    # After the collective the rank runs 5 ms at full speed: the optimizer (2.4 ms of
-    # core time), the loop (0.8), the data (0.8), then 1 ms of the compute.
-    assert (p2.optim_s, p2.other_s, p2.data_s) == pytest.approx((0.0024, 0.0008, 0.0008))
-    assert p2.compute_s == pytest.approx(
-        0.001 + (per_sample * 64 + COLD_START_S - 0.001) / share)
-    assert p2.wire_s == pytest.approx(2 * A + WAKE * 4 / 2
-                                      + (GRAD / BETA + GRAD / GAMMA) / share)
+    # At 2 ranks: half the samples, the cold start again (scaled alike), the bytes' work;
+    # the first 5 ms after the all-reduce ahead of the foreign threads (a whole core: the
+    # two ranks have one each), the rest at a third of a core, the bytes last.
+    compute = 0.4 * 0.100 / 2 + seen * COLD_START_S
+    bytes2 = GRAD / BETA + GRAD / GAMMA
+    work = compute + 0.4 * 0.004 / 2 + bytes2
+    wall = WAKE_CREDIT_S + (work - WAKE_CREDIT_S) / share
+    assert p2.compute_s + p2.data_s + p2.optim_s + p2.other_s + p2.wire_s == pytest.approx(
+        wall + 2 * A + WAKE * 4 / 2)
+    assert p2.wire_s == pytest.approx(bytes2 / share + 2 * A + WAKE * 4 / 2)
+    assert p2.compute_s == pytest.approx(compute * (wall - bytes2 / share) / (work - bytes2))
+    assert p2.optim_s == 0.0 and p2.other_s == 0.0  # the cold start took the whole rest
+    # The arrival spread: the first rank to arrive gives its third of a core to the
+    # foreign threads and the last rank (one of five threads now) gets 0.4.
+    sigma = JITTER_PER_WORK * (compute + 0.4 * 0.004 / 2) + JITTER_SCHEDULED_S
+    last = -expected_max(2) / share + 2 * expected_max(2) / 0.4
+    assert p2.wait_s == pytest.approx(sigma * last, rel=1e-5)
     # On a dedicated machine the same work runs on a whole core each, without the cold
     # start of a shared core.
     alone = predict(fig, [1, 2], background=0.0)
-    assert alone[1].compute_s == pytest.approx(per_sample * 128)
-    assert alone[2].compute_s == pytest.approx(per_sample * 64)
+    assert alone[1].compute_s == pytest.approx(0.4 * 0.100)
+    assert alone[2].compute_s == pytest.approx(0.4 * 0.100 / 2)
 
 
 def test_fixed_micro_batch_accumulates_and_bad_sizes_are_refused() -> None:
@@ -124,59 +167,151 @@ def test_fixed_micro_batch_accumulates_and_bad_sizes_are_refused() -> None:
         predict(fig, [3])
     with pytest.raises(ValueError, match="background"):
         predict(fig, [2], background=-1.0)
+    empty = one_process(step_s=0.0, compute_s=0.0, backward_s=0.0, data_s=0.0, optim_s=0.0)
+    with pytest.raises(ValueError, match="no measured step time"):
+        predict(empty, [1])
 
 
-def two_process() -> RunFigures:
-    """A 2-process run beside 2 foreign threads (host saturated, 0.5 core per rank while
-    runnable) with a calibrated link and 30 ms of exposed communication."""
-    return RunFigures(
-        world_size=2, global_batch=128, micro_batch=64, cores=2, step_s=0.104,
-        compute_s=0.060, data_s=0.002, optim_s=0.008, comm_exposed_s=0.030,
-        sync_wait_s=0.004, grad_bytes=GRAD, bytes_per_step=GRAD, buckets_per_step=1.0,
-        latency_s=0.001, allreduce_bytes_per_s=1e9, samples_per_s=128 / 0.104,
-        host_cpu=(1.0,) * 5, process_cpu=(0.33,) * 5)
+def two_process(**changes: object) -> RunFigures:
+    """A 2-process run on the idle 2-core machine, a core each: 30 ms steps of 20 ms
+    compute, 1 ms data, 4 ms optimizer, 4 ms exposed all-reduce and 1 ms sync wait, with
+    a calibrated link (0.4 ms latency, 1e9 B/s)."""
+    values: dict = dict(
+        world_size=2, global_batch=128, micro_batch=64, cores=2, step_s=0.030,
+        compute_s=0.020, data_s=0.001, optim_s=0.004, comm_exposed_s=0.004,
+        sync_wait_s=0.001, grad_bytes=GRAD, bytes_per_step=GRAD, buckets_per_step=1.0,
+        latency_s=0.0004, allreduce_bytes_per_s=1e9, samples_per_s=128 / 0.030,
+        host_cpu=(0.9,) * 5, process_cpu=(0.9,) * 5)
+    values.update(changes)
+    return RunFigures(**values)
 
 
-def test_multi_process_run_fits_its_exposed_communication() -> None:
+def test_two_processes_on_their_own_cores() -> None:
     fig = two_process()
-    busy = 1 - 0.004 / 0.104  # all but the wait for the slower rank
-    foreign = 2 / (0.33 / busy) - 2
-    assert background_threads(fig)[0] == pytest.approx(foreign)
+    assert background_threads(fig)[0] == pytest.approx(0.0)  # 2 x 0.9 = the host's 1.8
     got = predict(fig, [1, 2, 4])
-    assert got[2].wire_s == pytest.approx(0.030)  # the fit reproduces the run
-    assert got[2].wait_s == pytest.approx(0.004)
-    assert got[2].step_s == pytest.approx(0.104)
+    # The exposed all-reduce held the bytes' work (GRAD / 1e9 sent, GRAD / GAMMA copied:
+    # 1.5 ms); the other 2.5 ms the ranks slept, over 2 hops: 1.25 ms a hop.
+    bytes2 = GRAD / 1e9 + GRAD / GAMMA
+    hop = (0.004 - bytes2) / 2
+    assert got[2].step_s == pytest.approx(0.030)
+    assert got[2].wire_s == pytest.approx(0.004) and got[2].wait_s == pytest.approx(0.001)
+    # One process: twice the samples, no collective.
+    assert got[1].step_s == pytest.approx(0.040 + 0.002 + 0.004)
     assert got[1].wire_s == 0.0 and got[1].wait_s == 0.0
-    # By hand: the calibrated link gives the hop latency (1 ms over 2 hops) and the link
-    # rate (1e9 B/s at 2(N-1)/N = 1); what the run exposed beyond that wire is shared
-    # between the wake and the bucket copies in proportion to their priors, and each
-    # part then follows its own law at 4 ranks.
-    s2, s4 = cpu_share(2, 2, foreign), cpu_share(4, 2, foreign)
-    wire = 2 * 0.0005 + GRAD / 1e9 / s2
-    wake, local = WAKE * foreign / 2, GRAD / GAMMA / s2
-    scale = (0.030 - wire) / (wake + local)
-    expect4 = (6 * 0.0005 + WAKE * scale * foreign / 2
-               + (1.5 * GRAD / 1e9 + GRAD * scale / GAMMA) / s4)
-    assert got[4].wire_s == pytest.approx(expect4)
-    per_sample = (0.060 * s2 - COLD_START_S) / 64
-    compute4 = (per_sample * 32 + COLD_START_S) / s4
-    assert got[4].compute_s == pytest.approx(compute4)
-    # The optimizer's first 5 ms ran at full speed after the all-reduce, at 2 ranks and 4.
-    assert got[4].optim_s == pytest.approx(0.005 + 0.003 * s2 / s4)
-    prior2 = (JITTER_PER_WORK * 0.062 + JITTER_SCHEDULED_S) * expected_max(2)
-    work4 = compute4 + got[4].data_s + got[4].other_s
-    expect_wait = (0.004 / prior2 * (JITTER_PER_WORK * work4 + JITTER_SCHEDULED_S)
-                   * expected_max(4))
-    assert got[4].wait_s == pytest.approx(expect_wait)
+    # Four processes on two cores: half a core each for all the work, the cold start and
+    # 3/2 of the bytes sent included; 6 hops asleep; the arrival spread's work part
+    # (fitted: 1 ms at 2 ranks) and the scheduler's prior, at COST4 per unit.
+    work4 = 0.010 + COLD_START_S + 0.0005 + 0.004 + 1.5 * GRAD / 1e9 + GRAD / GAMMA
+    per_work = JITTER_PER_WORK * 0.001 / (JITTER_PER_WORK * 0.021 * expected_max(2))
+    sigma4 = per_work * (0.010 + COLD_START_S + 0.0005) + JITTER_SCHEDULED_S
+    p4 = got[4]
+    assert p4.compute_s == pytest.approx((0.010 + COLD_START_S) / 0.5)
+    assert p4.wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) / 0.5 + 6 * hop)
+    assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
+    assert p4.step_s == pytest.approx(work4 / 0.5 + 6 * hop + sigma4 * COST4, rel=1e-4)
     assert throughput_points(got) == [(n, got[n].samples_per_s) for n in (1, 2, 4)]
 
 
-def test_exposure_below_the_wire_means_backward_hid_part_of_it() -> None:
-    fig = RunFigures(**{**two_process().__dict__, "comm_exposed_s": 0.001,
-                        "host_cpu": (0.9,) * 5, "process_cpu": (0.9,) * 5})
+def test_four_processes_on_two_cores_from_their_cpu_time() -> None:
+    # Like MNIST-1D's CNN at 4 processes on 2 idle cores: 40 ms steps, 16 ms compute,
+    # 11 ms optimizer (its own collective inside), 11.5 ms exposed all-reduce, 1.5 ms
+    # sync wait; each process used 0.43 of a core, the host 0.86 (nothing foreign).
+    fig = RunFigures(
+        world_size=4, global_batch=128, micro_batch=32, cores=2, step_s=0.040,
+        compute_s=0.016, optim_s=0.011, comm_exposed_s=0.0115, sync_wait_s=0.0015,
+        grad_bytes=GRAD, bytes_per_step=1.5 * GRAD, buckets_per_step=1.0,
+        samples_per_s=128 / 0.040, host_cpu=(0.86,) * 5, process_cpu=(0.43,) * 5)
+    assert background_threads(fig)[0] == pytest.approx(0.0)
+    # A rank worked 0.43 x 40 = 17.2 core-ms a step; at half a core that is 34.4 ms of
+    # the 40: the cores idled 5.6 ms (the ranks slept in the collectives), not the
+    # 13 ms of exposed all-reduce and wait the phases show.
+    asleep = 0.040 - 0.0172 / 0.5
+    # While a rank computed, the others slept 1.5 of their 16 ms in the wait: 3.72
+    # runnable threads on 2 cores. The rest of the work is per step: the cold start, the
+    # bytes' work (prior link) and 0.7 ms of optimizer.
+    per_sample = 0.016 * 2 / (4 - 3 * 0.0015 / 0.016)
+    bytes4 = 1.5 * GRAD / BETA + GRAD / GAMMA
+    optim = 0.0172 - per_sample - COLD_START_S - bytes4
+    assert optim == pytest.approx(0.000698, abs=1e-6)
+    # The wait: the scheduler's prior (5 ms spread on a saturated host) would explain
+    # more than the 1.5 ms measured, so the spread is what was measured.
+    cost = 0.0015 * COST4 / MEAN_WAIT4
+    hop = (asleep - cost) / 6
+    got = predict(fig, [1, 2, 4])
+    assert got[4].step_s == pytest.approx(0.040)
+    # One process: the four ranks' samples on one core, no cold start, no collective.
+    assert got[1].step_s == pytest.approx(4 * per_sample + optim, rel=1e-4)
+    # Two: a core each, the hops at the fitted latency, no spread left (the scheduler's
+    # part needs a saturated host).
+    bytes2 = GRAD / BETA + GRAD / GAMMA
+    assert got[2].step_s == pytest.approx(2 * per_sample + optim + bytes2 + 2 * hop,
+                                          rel=1e-4)
+    assert got[2].wait_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_foreign_threads_beside_a_multi_process_run() -> None:
+    # Two ranks beside about four foreign threads (host saturated, a third of a core per
+    # rank): the run's own size comes back, and a dedicated machine runs it faster.
+    fig = two_process(step_s=0.104, compute_s=0.060, data_s=0.002, optim_s=0.008,
+                      comm_exposed_s=0.030, sync_wait_s=0.004, latency_s=0.001,
+                      samples_per_s=128 / 0.104, host_cpu=(1.0,) * 5,
+                      process_cpu=(0.33,) * 5)
+    share = 0.33 / (1 - 0.004 / 0.104)  # while runnable: all but the wait
+    foreign = (2 - 2 * 0.33) / share
+    assert background_threads(fig)[0] == pytest.approx(foreign)
+    got = predict(fig, [1, 2, 4])
+    assert got[2].step_s == pytest.approx(0.104)
+    # The measured wait (4 ms, each rank's mean) costs the step less: the rank that
+    # arrived first sleeps and the other one, beside the foreign threads alone, runs at
+    # min(1, 2 / (1 + foreign)) instead of 2 / (2 + foreign). The rest of the 4 ms is in
+    # the phases (the mean rank ran that much faster), so the exposed all-reduce comes
+    # back as the run measured it.
+    first = -expected_max(2) / (2 / (2 + foreign))
+    last = first + 2 * expected_max(2) / min(1.0, 2 / (1 + foreign))
+    assert got[2].wait_s == pytest.approx(0.004 * last / ((last - first) / 2))
+    assert got[2].wire_s == pytest.approx(0.030)
+    alone = predict(fig, [1, 2, 4], background=0.0)
+    for n in (1, 2, 4):
+        assert alone[n].samples_per_s > got[n].samples_per_s
+    assert got[1].wire_s == 0.0 and got[1].wait_s == 0.0
+
+
+def test_exposure_below_the_bytes_means_a_faster_link() -> None:
+    fig = two_process(step_s=0.104, compute_s=0.060, data_s=0.002, optim_s=0.008,
+                      comm_exposed_s=0.001, sync_wait_s=0.004)
     got = predict(fig, [2, 4])
+    # The calibrated link's bytes (1.5 ms) cannot have taken more than the 1 ms
+    # exposed: their work is 2/3 of the model's, and nothing was left to sleep.
     assert got[2].wire_s == pytest.approx(0.001)
-    assert got[4].wire_s > got[2].wire_s
+    assert got[4].wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) * 2 / 3 / 0.5)
+
+
+def test_cuda_ranks_share_devices_and_their_bytes_are_wire_time() -> None:
+    # 2 ranks on 2 GPUs: 50 ms steps of 40 ms compute, 1 ms data, 5 ms optimizer, 3 ms
+    # exposed all-reduce and 1 ms wait; NCCL calibrated at 0.2 ms latency and 10 GB/s.
+    fig = RunFigures(
+        world_size=2, global_batch=128, micro_batch=64, device="cuda", cores=8,
+        devices=2, step_s=0.050, compute_s=0.040, data_s=0.001, optim_s=0.005,
+        comm_exposed_s=0.003, sync_wait_s=0.001, grad_bytes=GRAD, bytes_per_step=GRAD,
+        buckets_per_step=1.0, latency_s=0.0002, allreduce_bytes_per_s=1e10,
+        samples_per_s=128 / 0.050, host_cpu=(0.3,) * 5, process_cpu=(0.9,) * 5)
+    # The bytes cross the device link (wire time, no host work, no cold start): the
+    # exposed 3 ms is the bytes and the hops, the rest of it spread over the 2 hops.
+    wire2 = GRAD / 1e10 + GRAD / CUDA_LINK["local_bytes_per_s"]
+    hop = 0.0001 + (0.003 - 2 * 0.0001 - wire2) / 2
+    got = predict(fig, [1, 2, 4])
+    assert got[2].step_s == pytest.approx(0.050)
+    assert got[1].step_s == pytest.approx(0.080 + 0.002 + 0.005)
+    # Four ranks on two devices: half a device each; 6 hops and 3/2 of the bytes.
+    p4 = got[4]
+    assert p4.cpu_share == 0.5
+    assert (p4.compute_s, p4.data_s, p4.optim_s) == pytest.approx((0.040, 0.001, 0.010))
+    wire4 = 1.5 * GRAD / 1e10 + GRAD / CUDA_LINK["local_bytes_per_s"]
+    assert p4.wire_s == pytest.approx(6 * hop + wire4)
+    per_work = 0.001 / (0.041 * expected_max(2))
+    sigma4 = per_work * 0.0205 + JITTER_SCHEDULED_S
+    assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
 
 
 def _store_run(path: Path, plan: dict | None = None) -> None:

@@ -1,24 +1,36 @@
-"""What crossing ranks costs at N processes: exposed all-reduce time and the sync wait.
+"""What crossing ranks costs at N processes: the collectives' work, the time a rank sleeps
+in them, and the wait for the last rank.
 
-Both are fitted to a multi-process run's measurements and fall back to priors for a
-one-process run (which cannot measure them). The priors for a CPU host are from runs of
-the examples on a 2-core machine beside other jobs (not the runs the model is checked
-against): gloo over loopback, DDP with one gradient bucket.
+A collective costs a rank two things that scale differently:
 
-Exposed all-reduce per step, b buckets of n buffer bytes on N ranks beside D foreign
-threads on C cores, each rank getting a share s of a core:
+- **Work**: the bytes' CPU work, b buckets of n buffer bytes on N ranks,
 
-    b x 2(N-1) x hop latency                      the ring's hops (calibrated at N0 > 1)
-  + b x wake x D / C                              waking to a busy core: the gloo thread
-                                                  at the start, the trainer at the end
-  + (2(N-1)/N x n / link rate + n / copy rate) / s  the bytes' CPU work: sent through
-                                                  loopback, copied into and out of the
-                                                  bucket, at the rank's share of a core
+      2(N-1)/N x n / link rate + n / copy rate       sent through loopback (and reduced),
+                                                    copied into and out of the bucket
 
-A run's measured exposed time beyond what its calibrated link explains is apportioned to
-the wake and the copies in proportion to their priors; each then follows its own law.
-Sync wait: sigma x E[max of N normals], with sigma = a part proportional to the work
-before the collective plus a part from being scheduled on a saturated host.
+  gloo's threads do it inside the rank's process, so on a CPU host it is core-seconds
+  like the forward's: it takes the rank's share of a core, and the run's process CPU
+  counts it. On CUDA the bytes cross the device link instead: wire time, not host work.
+- **Sleep**: the ring's 2(N-1) hops per bucket, each a message and a wake-up, and beside
+  D foreign threads on C cores a wake to a busy core (wake x D / C per bucket). A
+  sleeping rank uses no core; the other ranks meet it in the same collective, so the
+  cores idle (unless foreign threads take them).
+
+A multi-process run fits the hop latency to what its ranks slept per step less their
+wait (`scaling_model` reads the sleep off the run's CPU accounting): a hop inside a real
+step costs more than the calibrated probe's (DDP's hook and future, an optimizer's own
+collective if it has one), and all of it grows with the hops. Less sleep than the probe
+explains means backward hid the rest (the exposure). A one-process run uses priors, as
+do the bytes' rates unless the run calibrated its link. The priors for a CPU host are
+from runs of the examples on a 2-core machine beside other jobs (not the runs the model
+is checked against): gloo over loopback, DDP with one gradient bucket.
+
+The wait for the last rank: ranks reach the collective spread as sigma x N standard
+normals in core-seconds (sigma: a part proportional to the work before the collective
+plus a part from being scheduled on a saturated host). With a core each the step waits
+sigma x E[max]. Sharing cores, a rank that arrived sleeps and its share goes to the
+threads still runnable: k ranks left beside D foreign threads run at min(1, C / (k + D))
+each, so the gaps between later arrivals shrink (`wait_units`).
 """
 
 from __future__ import annotations
@@ -40,18 +52,25 @@ JITTER_SCHEDULED_S = 5e-3
 
 
 @cache
-def expected_max(n: int) -> float:
-    """E[max] of n independent standard normals (0 for n = 1)."""
+def expected_order(i: int, n: int) -> float:
+    """E[i-th smallest] of n independent standard normals (1 <= i <= n)."""
     if n <= 1:
         return 0.0
     unit, steps, lo, hi = NormalDist(), 2000, -8.0, 8.0
     width = (hi - lo) / steps
+    ways = math.comb(n, i) * i  # n! / ((i-1)! (n-i)!)
     total = 0.0
-    for i in range(steps + 1):
-        x = lo + i * width
-        weight = 0.5 if i in (0, steps) else 1.0
-        total += weight * x * n * unit.pdf(x) * unit.cdf(x) ** (n - 1)
+    for k in range(steps + 1):
+        x = lo + k * width
+        weight = 0.5 if k in (0, steps) else 1.0
+        below = unit.cdf(x)
+        total += weight * x * ways * unit.pdf(x) * below ** (i - 1) * (1 - below) ** (n - i)
     return total * width
+
+
+def expected_max(n: int) -> float:
+    """E[max] of n independent standard normals (0 for n = 1)."""
+    return expected_order(n, n) if n > 1 else 0.0
 
 
 def cpu_share(n: int, cores: int, background: float) -> float:
@@ -64,9 +83,27 @@ def saturation(n: int, cores: int, background: float) -> float:
     return min(1.0, max(0.0, (n + max(0.0, background)) / cores - 1.0))
 
 
+@cache
+def wait_units(n: int, cores: int, background: float) -> tuple[float, float]:
+    """(the step's cost, each rank's mean measured wait) of an arrival spread of one
+    core-second, for n ranks beside `background` threads on `cores` (see the module
+    docstring): arrival k+1 follows arrival k by the normals' gap at the share of the
+    n - k ranks still working."""
+    if n <= 1:
+        return 0.0, 0.0
+    background = max(0.0, background)
+    arrival = expected_order(1, n) / cpu_share(n, cores, background)
+    arrivals = [arrival]
+    for k in range(1, n):
+        gap = expected_order(k + 1, n) - expected_order(k, n)
+        arrival += gap / cpu_share(n - k, cores, background)
+        arrivals.append(arrival)
+    return arrival, arrival - sum(arrivals) / n
+
+
 @dataclass(frozen=True, kw_only=True)
 class CommModel:
-    """Exposed all-reduce seconds per step at any size (see the module docstring)."""
+    """A step's collectives at any size (see the module docstring)."""
 
     buffer_bytes: float
     buckets: float
@@ -74,85 +111,115 @@ class CommModel:
     link_bytes_per_s: float
     wake_s: float
     local_bytes_per_s: float
+    bytes_on_host: bool = True
+    """CPU: the bytes are the rank's work; CUDA: they are wire time (sleep)."""
     exposure: float = 1.0
-    """Fraction of the all-reduce not hidden behind backward."""
+    """Fraction of the sleep not hidden behind backward."""
     fitted: bool = False
-    """Fitted to a run's measured exposed time (else: priors only)."""
+    """Fitted to a run's measured sleep (else: priors only)."""
 
-    def parts(self, n: int, share: float, background: float,
-              cores: int) -> tuple[float, float, float]:
-        """(hops, wake, bytes) seconds of one step's all-reduces at n ranks."""
+    def bytes_seconds(self, n: int) -> float:
+        """Seconds of the bytes per step at n ranks (core-seconds on a CPU host)."""
         if n <= 1:
-            return 0.0, 0.0, 0.0
+            return 0.0
+        sent = 2 * (n - 1) / n * self.buffer_bytes
+        return sent / self.link_bytes_per_s + self.buffer_bytes / self.local_bytes_per_s
+
+    def faster(self, factor: float) -> CommModel:
+        """The model whose bytes take `factor` (<= 1) of the time."""
+        if factor <= 0:
+            return replace(self, link_bytes_per_s=math.inf, local_bytes_per_s=math.inf)
+        return replace(self, link_bytes_per_s=self.link_bytes_per_s / factor,
+                       local_bytes_per_s=self.local_bytes_per_s / factor)
+
+    def work(self, n: int) -> float:
+        """Core-seconds of host work per step at n ranks (0 on CUDA)."""
+        return self.bytes_seconds(n) if self.bytes_on_host else 0.0
+
+    def sleep(self, n: int, background: float, cores: int) -> float:
+        """Seconds a rank sleeps in the collectives per step at n ranks."""
+        if n <= 1:
+            return 0.0
         hops = self.buckets * 2 * (n - 1) * self.hop_latency_s
         wake = self.buckets * self.wake_s * max(0.0, background) / cores
-        sent = 2 * (n - 1) / n * self.buffer_bytes
-        work = (sent / self.link_bytes_per_s + self.buffer_bytes / self.local_bytes_per_s)
-        return hops, wake, work / share
-
-    def exposed(self, n: int, share: float, background: float, cores: int) -> float:
-        """Exposed seconds per step at n ranks."""
-        return self.exposure * sum(self.parts(n, share, background, cores))
+        wire = 0.0 if self.bytes_on_host else self.bytes_seconds(n)
+        return self.exposure * (hops + wake + wire)
 
 
 def comm_model(*, world: int, device: str, buffer_bytes: float, buckets: float,
                latency_s: float | None, allreduce_bytes_per_s: float | None,
-               exposed_s: float, backward_s: float, cores: int, background: float,
+               backward_s: float, cores: int, background: float,
                share: float) -> CommModel:
-    """The run's communication: fitted to its exposed time when it had several ranks
-    (`share`: its ranks' share of a core), else priors and the bucket overlap."""
-    link = dict(CUDA_LINK if device == "cuda" else CPU_LINK)
+    """The run's collectives before `fit_sleep`: the calibrated link where the run has one
+    (`share`: the share of a core each rank had while the probe ran), else priors; a
+    one-process run's buckets overlap the backward."""
+    on_host = device != "cuda"
+    link = dict(CPU_LINK if on_host else CUDA_LINK)
     if world > 1 and latency_s is not None and allreduce_bytes_per_s:
         link["hop_latency_s"] = latency_s / (2 * (world - 1))
-        link["link_bytes_per_s"] = allreduce_bytes_per_s * 2 * (world - 1) / world
-    model = CommModel(buffer_bytes=buffer_bytes, buckets=buckets, **link)
-    if world > 1:
-        return _fit(model, world, exposed_s, cores, background, share)
-    if model.buckets <= 1:
+        # The probe's wall rate; on a host, its ranks' work ran at `share` of a core.
+        rate = allreduce_bytes_per_s * 2 * (world - 1) / world
+        link["link_bytes_per_s"] = rate / share if on_host else rate
+    model = CommModel(buffer_bytes=buffer_bytes, buckets=buckets, bytes_on_host=on_host,
+                      **link)
+    if world > 1 or model.buckets <= 1:
         return model
-    # The last bucket's all-reduce is exposed; the earlier ones hide behind the backward
+    # The last bucket's collective is exposed; the earlier ones sleep behind the backward
     # that follows them, as far as it lasts (judged at 2 ranks).
-    total = model.exposed(2, cpu_share(2, cores, background), background, cores)
+    total = model.sleep(2, background, cores)
     earlier = total * (model.buckets - 1) / model.buckets
     hidden = min(earlier, backward_s * (model.buckets - 1) / model.buckets)
     exposure = max(1.0 / model.buckets, 1.0 - hidden / total) if total > 0 else 1.0
     return replace(model, exposure=exposure)
 
 
-def _fit(model: CommModel, world: int, measured: float, cores: int, background: float,
-         share: float) -> CommModel:
-    hops, wake, work = model.parts(world, share, background, cores)
-    local = model.buffer_bytes / model.local_bytes_per_s / share
-    wire = hops + work - local  # what the calibrated link explains
-    if measured >= wire:
-        scale = (measured - wire) / (wake + local) if wake + local > 0 else 0.0
-        return replace(model, wake_s=model.wake_s * scale,
-                       local_bytes_per_s=model.local_bytes_per_s / max(scale, 1e-12),
+def fit_sleep(model: CommModel, world: int, slept: float, cores: int,
+              background: float) -> CommModel:
+    """The model that sleeps what the run slept per step at `world` > 1 ranks: the excess
+    over the calibrated (or prior) hops spread over the hops; less than they explain:
+    backward hid the rest."""
+    expected = model.sleep(world, background, cores)
+    if slept >= expected:
+        hops = model.buckets * 2 * (world - 1)
+        return replace(model, hop_latency_s=model.hop_latency_s + (slept - expected) / hops,
                        fitted=True)
-    # Less exposed than the bare wire: backward hid the rest.
-    return replace(model, wake_s=0.0, local_bytes_per_s=math.inf,
-                   exposure=measured / wire if wire > 0 else 1.0, fitted=True)
+    return replace(model, exposure=slept / expected if expected > 0 else 1.0, fitted=True)
 
 
 @dataclass(frozen=True, kw_only=True)
 class WaitModel:
-    """Mean wait per step for the last rank to arrive at the collective."""
+    """The wait for the last rank to reach the collective, from its arrival spread."""
 
     per_work: float = JITTER_PER_WORK
     scheduled_s: float = JITTER_SCHEDULED_S
 
+    def sigma(self, n: int, work_s: float, cores: int, background: float) -> float:
+        """The arrival spread (core-seconds) of n ranks doing `work_s` core-seconds
+        before the collective."""
+        return self.per_work * work_s + self.scheduled_s * saturation(n, cores, background)
+
+    def cost(self, n: int, work_s: float, cores: int, background: float) -> float:
+        """Seconds the step takes longer for the spread, at n ranks."""
+        return self.sigma(n, work_s, cores, background) * wait_units(n, cores, background)[0]
+
     def wait(self, n: int, work_s: float, cores: int, background: float) -> float:
-        """Seconds per step at n ranks, each doing `work_s` before the collective."""
-        sigma = self.per_work * work_s + self.scheduled_s * saturation(n, cores, background)
-        return sigma * expected_max(n)
+        """Mean seconds a rank waits for the last one, at n ranks (what runs measure)."""
+        return self.sigma(n, work_s, cores, background) * wait_units(n, cores, background)[1]
 
 
 def wait_model(*, world: int, sync_wait_s: float, work_s: float, cores: int,
                background: float) -> WaitModel:
-    """Priors, scaled to the run's measured wait when it had several ranks."""
+    """Priors, fitted to the run's measured wait when it had several ranks: the
+    scheduler's part first (while its prior explains no more than the run waited), the
+    rest is the work's. A run on an unsaturated host cannot see the scheduler's part:
+    its prior stands."""
     prior = WaitModel()
     if world <= 1:
         return prior
-    expected = prior.wait(world, work_s, cores, background)
-    scale = sync_wait_s / expected if expected > 0 else 0.0
-    return WaitModel(per_work=prior.per_work * scale, scheduled_s=prior.scheduled_s * scale)
+    units = wait_units(world, cores, background)[1]
+    scheduled = prior.scheduled_s * saturation(world, cores, background) * units
+    if sync_wait_s < scheduled:
+        return WaitModel(per_work=0.0, scheduled_s=prior.scheduled_s * sync_wait_s / scheduled)
+    worked = prior.per_work * work_s * units
+    per_work = prior.per_work * (sync_wait_s - scheduled) / worked if worked > 0 else 0.0
+    return WaitModel(per_work=per_work, scheduled_s=prior.scheduled_s)

@@ -1,38 +1,57 @@
 """Throughput at other process counts, predicted from one run's measured phases.
 
-A data-parallel step (DDP or one process) on rank r is, in wall-clock seconds,
+A data-parallel step (DDP or one process) on rank r takes, in wall-clock seconds,
 
-    step = compute + data + optim + other + exposed communication + sync wait
+    step = work / share + sleep + wait
 
-and each term is rebuilt at N processes from what the one run measured at N0:
+- **work**: the core-seconds the rank computes per step (device-seconds on CUDA): forward
+  and backward, data, the optimizer, the loop's own overhead ("other"), and on a CPU host
+  the collectives' bytes (`scaling_comm`). On CPU the run measures it directly: rank 0's
+  process CPU x the step time. A phase's wall time cannot tell it once ranks share cores,
+  because a phase then also holds the time the rank waited for a core (4 ranks on 2 idle
+  cores: the exposed all-reduce lasts 12 ms, of which the cores idle 5). Where every rank
+  has a core of its own (foreign threads aside: the share reads those phases), the phases
+  tell it without the noise of the CPU sample: all but the exposed collective and the
+  wait, plus the bytes' work inside the collective. The two readings are blended by how
+  far the ranks alone oversubscribe the cores.
+- **share** (`cpu_share`): one thread per process, C cores and `background` foreign
+  CPU-bound threads: every runnable thread gets min(1, C / (N + background)) of a core
+  (the kernel's fair share). Four processes on two idle cores get half a core each;
+  beside three busy foreign threads one process gets 0.5 and four get 0.29 each. A rank
+  that slept in the step's collective runs its first `WAKE_CREDIT_S` ahead of the foreign
+  threads (they did not sleep; the other ranks did), at min(1, C / N). On CUDA the
+  devices are shared instead: min(1, G / N).
+- **sleep**: what the collectives leave no core to do, the ring's hops; the ranks meet in
+  them, so with shared cores those cores idle. The run's sleep is what its step leaves
+  after its work at its share.
+- **wait** for the last rank (`scaling_comm.wait_units`): with a core each the step waits
+  sigma x E[max of N]; sharing cores, a rank that arrived sleeps and gives its share to
+  the threads still working, so the wait costs less than the ranks measure waiting (the
+  rest is in the phases: the mean rank ran that much faster than the fair share).
 
-- **Work** (compute, data, optim, the loop's own overhead "other") is turned into
-  seconds on a dedicated core by the CPU share the run had, then divided by the share
-  at N. compute and data scale with the samples each rank handles per step (the global
-  batch is the contract: B / N per rank, as k micro-batches of m); optim and other are
-  per step (DDP replicates the optimizer). Per-micro-batch overhead is not separated
-  from per-sample cost: the interval widens with |log2(m / m0)|. Two effects of sharing a
-  core are added: a rank whose core is shared pays a cold start each step
-  (`COLD_START_S` core-seconds: its caches were emptied by others), and a rank that
-  slept in the step's collective runs its first `WAKE_CREDIT_S` at full speed after it
-  (the optimizer, the loop, the data) before it is back to its fair share.
-- **CPU share** (`cpu_share`): one thread per process, C cores, and `background`
-  foreign CPU-bound threads: every runnable thread gets min(1, C / (N + background))
-  of a core while the N ranks compute together (the kernel's fair share). The
-  background is estimated from the run itself: the host's CPU utilisation and rank 0's
-  process CPU in each window (`background_threads`). Four processes on two idle
-  cores each get half a core; beside three busy foreign threads one process gets 0.5
-  of a core and four get 0.29 each. On CUDA the devices are shared instead: min(1, G / N).
-- **Exposed communication** and **sync wait** (`scaling_comm`): the ring all-reduce's
-  2(N-1) hops and 2(N-1)/N bytes per rank, the bucket copies and the bytes' CPU work at
-  the rank's share of a core, the wake to a busy core; the wait for the last rank as
-  sigma x E[max of N normals]. A multi-process run fits them to what it measured (its
-  calibrated link, its exposed time, its wait); a one-process run uses priors.
+The work is rebuilt at N from the run's: forward, backward and data scale with the
+samples a rank handles per step (the global batch is the contract: B / N per rank, as k
+micro-batches of m); the rest is per step (DDP replicates the optimizer). Their split at
+the run's size reads the compute phase's wall at the share a computing rank had: ranks
+that reached the collective first sleep there (their mean sync wait) and leave their
+share to the others. Per-micro-batch overhead is not separated from per-sample cost: the
+interval widens with |log2(m / m0)|. Two per-step costs have laws of their own: the
+bytes' work (`scaling_comm`; no more than the run's exposed collective held), and the
+cold start of a rank whose core is shared (`COLD_START_S` core-seconds per step x the
+saturation: its caches were emptied by the ranks that ran while it slept). The run's
+own are taken out of its per-step work and the ones at N put back: they are paid right
+after the collective, where the optimizer runs (at 4 ranks on 2 cores the compute
+phase at the fair share holds the one-process per-sample work and no more). Where a
+small step's per-step work has no room for the cold start's prior, it is scaled to
+what the step had.
 
 What is not modelled: FSDP, local SGD / DiLoCo, tensor parallelism, batch ramps, data
-loader workers' own CPU demand, memory limits, several nodes. A prediction holds for the
-background the run saw; the interval spans the background's quartiles over the run's
-windows, its drift by +-20% since, and each term's stated uncertainty.
+loader workers' own CPU demand, memory limits, several nodes, an optimizer that divides
+its step over the ranks (the run store does not record one: Muon's shared
+orthogonalisations are taken as replicated work), and DDP's own per-step cost (a
+one-process run cannot show it). A prediction holds for the background the run saw; the
+interval spans the background's quartiles over the run's windows, its drift by +-20%
+since, and each term's stated uncertainty.
 """
 
 from __future__ import annotations
@@ -47,21 +66,23 @@ from tandem.analyze.scaling_comm import (
     WaitModel,
     comm_model,
     cpu_share,
+    fit_sleep,
     saturation,
     wait_model,
+    wait_units,
 )
 
 HOOK_BYTES = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # buffer bytes per gradient byte
 SATURATED = 0.95  # host CPU utilisation above which every core is taken
-# Core-seconds a rank's forward and backward cost per step beyond their per-sample work
-# when it shares its core (its caches start cold after others ran): MNIST-1D's CNN,
-# timed by thread CPU time at 128, 64 and 32 samples per rank beside other jobs, cost
-# 7 ms + 0.29 ms per sample; on an idle core the per-sample cost alone.
+# Core-seconds a rank's step costs beyond its work when it shares its core (its caches
+# start cold after others ran): MNIST-1D's CNN, timed by thread CPU time at 128, 64 and
+# 32 samples per rank beside other jobs, cost 7 ms + 0.29 ms per sample; on an idle core
+# the per-sample cost alone.
 COLD_START_S = 6e-3
-# Core-seconds a rank runs at full speed when it wakes from the step's collective, before
-# it is back to its fair share (the scheduler favours a task that slept): on the same
-# machine a 2-rank DDP step's optimizer, right after the all-reduce, ran at ~0.75 of a
-# core beside other jobs while the fair share was ~0.3.
+# Core-seconds a rank runs ahead of foreign threads when it wakes from the step's
+# collective, before it is back to its fair share (the scheduler favours a task that
+# slept): on the same machine a 2-rank DDP step's optimizer, right after the all-reduce,
+# ran at ~0.75 of a core beside other jobs while the fair share was ~0.3.
 WAKE_CREDIT_S = 5e-3
 # Relative uncertainty of each term (one standard deviation, as judged from the model's
 # assumptions): compute per sample grows this much per halving/doubling of the
@@ -138,9 +159,10 @@ class Prediction:
     optim_s: float
     other_s: float
     wire_s: float
-    """Exposed communication per step."""
+    """The collectives per step: their bytes' work at the rank's share, and the sleep in
+    their hops."""
     wait_s: float
-    """Mean wait for the slowest rank per step."""
+    """What the wait for the slowest rank adds to the step."""
 
     @property
     def breakdown(self) -> dict[str, float]:
@@ -177,8 +199,10 @@ def background_threads(fig: RunFigures) -> tuple[float, float, float]:
     the run, one estimate per window.
 
     A host with spare CPU ran everything runnable: the foreign load is what the host
-    used beyond the run's processes. A saturated host shared its cores fairly: the
-    share a rank got while runnable, C / (N0 + foreign), gives the foreign count.
+    used beyond the run's processes. A saturated host shared its cores fairly: each
+    foreign thread got the share a rank got while runnable, so the foreign count is
+    what the host used beyond the run's processes over that share (C / share - N0 on a
+    host busy to the last core; none where the run's own ranks used all the host did).
     On CUDA a rank is not CPU-bound, so only the first rule applies.
     """
     if not fig.host_cpu or len(fig.host_cpu) != len(fig.process_cpu):
@@ -190,7 +214,7 @@ def background_threads(fig: RunFigures) -> tuple[float, float, float]:
             estimates.append(max(0.0, fig.cores * host - fig.world_size * proc))
             continue
         share = min(1.0, max(proc, 1e-3) / runnable)
-        estimates.append(max(0.0, fig.cores / share - fig.world_size))
+        estimates.append(max(0.0, (fig.cores * host - fig.world_size * proc) / share))
     estimates.sort()
     q = len(estimates) - 1
     return median(estimates), estimates[q // 4], estimates[-(q // 4) - 1]
@@ -203,27 +227,37 @@ def _share(fig: RunFigures, n: int, background: float) -> float:
     return cpu_share(n, fig.cores, background)
 
 
-def _models(fig: RunFigures, source: float) -> tuple[CommModel, WaitModel]:
-    """The run's communication and wait, fitted beside `source` foreign threads."""
+def _credit(fig: RunFigures, n: int) -> float:
+    """Core-seconds a rank runs ahead of foreign threads after it slept in the step's
+    collective."""
+    return WAKE_CREDIT_S if fig.device == "cpu" and n > 1 else 0.0
+
+
+def _wall(fig: RunFigures, work: float, n: int, background: float) -> float:
+    """Wall seconds of a rank's `work` core-seconds at n ranks beside `background`
+    threads: the first `_credit` at the share the ranks leave each other, the rest at
+    the fair share."""
+    share, credit = _share(fig, n, background), _credit(fig, n)
+    fast = min(work, credit)
+    return fast / _share(fig, n, 0.0) + (work - fast) / share
+
+
+def _work_in(fig: RunFigures, wall: float, n: int, background: float) -> float:
+    """Core-seconds a rank works in `wall` runnable seconds: the inverse of `_wall`."""
+    share, credit, quick = _share(fig, n, background), _credit(fig, n), _share(fig, n, 0.0)
+    if wall * quick <= credit:
+        return wall * quick
+    return credit + (wall - credit / quick) * share
+
+
+def _computing_share(fig: RunFigures, source: float) -> float:
+    """The share of a core a rank had while it computed: the ranks that reached the
+    collective first sleep there (their mean sync wait) and leave theirs to the rest."""
     n0 = fig.world_size
-    if n0 > 1 and fig.bytes_per_step:
-        buffer = fig.bytes_per_step / (2 * (n0 - 1) / n0)
-    else:
-        if fig.comm_hook not in HOOK_BYTES:
-            raise ValueError(f"plan.comm_hook {fig.comm_hook!r}: a one-process run cannot "
-                             f"tell its bytes; modelled: {', '.join(HOOK_BYTES)}")
-        buffer = fig.grad_bytes * HOOK_BYTES[fig.comm_hook]
-    buckets = fig.buckets_per_step or max(1.0, math.ceil(buffer / fig.bucket_bytes))
-    host = cpu_share(n0, fig.cores, source)
-    comm = comm_model(world=n0, device=fig.device, buffer_bytes=buffer, buckets=buckets,
-                      latency_s=fig.latency_s, allreduce_bytes_per_s=fig.allreduce_bytes_per_s,
-                      exposed_s=fig.comm_exposed_s, backward_s=fig.backward_s,
-                      cores=fig.cores, background=source,
-                      share=host if fig.device == "cpu" else 1.0)
-    wait = wait_model(world=n0, sync_wait_s=fig.sync_wait_s,
-                      work_s=fig.compute_s + fig.data_s + fig.other_s, cores=fig.cores,
-                      background=source)
-    return comm, wait
+    if fig.device != "cpu" or fig.compute_s <= 0:
+        return _share(fig, n0, source)
+    asleep = (n0 - 1) * min(1.0, fig.sync_wait_s / fig.compute_s)
+    return cpu_share(1, fig.cores, n0 - 1 - asleep + source)
 
 
 def _cold(fig: RunFigures, n: int, background: float) -> float:
@@ -233,66 +267,130 @@ def _cold(fig: RunFigures, n: int, background: float) -> float:
     return COLD_START_S * saturation(n, fig.cores, background)
 
 
-def _compute(fig: RunFigures, n: int, measured: float, cold0: float, cold: float) -> float:
-    """Core-seconds of a rank's forward and backward at n ranks, from the run's
-    `measured` core-seconds: per sample, plus the cold start (`cold0` in the run,
-    `cold` at n ranks)."""
-    warm = max(0.1 * measured, measured - cold0)
-    per_sample = warm / (fig.global_batch / fig.world_size)
-    # The cold start the run can have paid is what its measured time leaves after the
-    # warm part (less than `cold0` when the whole step is shorter): scaled by the cold
-    # start at n ranks, so that at the run's own size the run's own time comes back.
-    seen = measured - warm
-    return per_sample * fig.global_batch / n + (seen * cold / cold0 if cold0 > 0 else cold)
+def _buffer(fig: RunFigures) -> tuple[float, float]:
+    """(buffer bytes, buckets) of a step's all-reduce."""
+    n0 = fig.world_size
+    if n0 > 1 and fig.bytes_per_step:
+        buffer = fig.bytes_per_step / (2 * (n0 - 1) / n0)
+    else:
+        if fig.comm_hook not in HOOK_BYTES:
+            raise ValueError(f"plan.comm_hook {fig.comm_hook!r}: a one-process run cannot "
+                             f"tell its bytes; modelled: {', '.join(HOOK_BYTES)}")
+        buffer = fig.grad_bytes * HOOK_BYTES[fig.comm_hook]
+    return buffer, fig.buckets_per_step or max(1.0, math.ceil(buffer / fig.bucket_bytes))
 
 
-def _credit(fig: RunFigures, n: int) -> float:
-    """Core-seconds a rank runs at full speed after it slept in the step's collective."""
-    return WAKE_CREDIT_S if fig.device == "cpu" and n > 1 else 0.0
+def _units(fig: RunFigures, background: float) -> tuple[int, float]:
+    """(compute units, foreign threads) the ranks' arrival spread is spread over."""
+    if fig.device == "cuda":
+        return max(fig.devices, 1), 0.0
+    return fig.cores, background
 
 
-def _core_seconds(walls: Sequence[tuple[float, float]], credit: float) -> list[float]:
-    """Core-seconds of phases (wall seconds, share), in the order they run after the
-    collective: the first `credit` core-seconds ran at full speed."""
-    out = []
-    for wall, share in walls:
-        fast = min(wall, credit)
-        credit -= fast
-        out.append(fast + (wall - fast) * share)
-    return out
+@dataclass(frozen=True)
+class _Accounts:
+    """A rank's step at the run's size in core-seconds (device-seconds on CUDA), less the
+    modelled overheads, and the run's collectives and wait."""
+
+    compute: float
+    data: float
+    optim: float
+    other: float
+    seen: float
+    """Fraction of the cold start's prior the run's per-step work had room for: 1 unless
+    the prior charges more than a small step spent."""
+    comm: CommModel
+    wait: WaitModel
 
 
-def _walls(work: Sequence[tuple[float, float]], credit: float) -> list[float]:
-    """Wall seconds of phases (core-seconds, share): the inverse of `_core_seconds`."""
-    out = []
-    for seconds, share in work:
-        fast = min(seconds, credit)
-        credit -= fast
-        out.append(fast + (seconds - fast) / share)
-    return out
+def _measured_work(fig: RunFigures, source: float, bytes0: float, wait0: float) -> float:
+    """Core-seconds (device-seconds) a rank worked per step in the run (see the module
+    docstring); `wait0`: what the wait for the last rank cost the step."""
+    n0, step = fig.world_size, fig.step_s
+    # The phases are the mean rank's: the ranks that arrived early slept their mean wait
+    # and the late ones ran that much faster than the fair share, less what it cost.
+    working = max(0.0, step - fig.comm_exposed_s - wait0)
+    if fig.device != "cpu":
+        return _share(fig, n0, source) * working
+    phases = _work_in(fig, working, n0, source) + bytes0
+    measured = median(fig.process_cpu) * step if fig.process_cpu else phases
+    # Beside foreign threads the share reads the phases; where the ranks themselves
+    # outnumber the cores, a phase also holds the other ranks' work.
+    oversubscribed = saturation(n0, fig.cores, 0.0)
+    work = (1.0 - oversubscribed) * phases + oversubscribed * measured
+    return min(work, _work_in(fig, step, n0, source))
+
+
+def _accounts(fig: RunFigures, source: float) -> _Accounts:
+    """The run's step split by how each part scales, beside `source` foreign threads."""
+    n0 = fig.world_size
+    buffer, buckets = _buffer(fig)
+    host = cpu_share(n0, fig.cores, source)
+    comm = comm_model(world=n0, device=fig.device, buffer_bytes=buffer, buckets=buckets,
+                      latency_s=fig.latency_s, allreduce_bytes_per_s=fig.allreduce_bytes_per_s,
+                      backward_s=fig.backward_s, cores=fig.cores, background=source,
+                      share=host)
+    if n0 > 1 and comm.work(n0) > fig.comm_exposed_s * host:
+        # The bytes' work cannot have taken longer than the exposed collective it is in.
+        comm = comm.faster(fig.comm_exposed_s * host / comm.work(n0))
+    units, spread_over = _units(fig, source)
+    cost_units, wait_units_ = wait_units(n0, units, spread_over)
+    cost = fig.sync_wait_s * cost_units / wait_units_ if wait_units_ > 0 else 0.0
+    work = _measured_work(fig, source, comm.work(n0), cost)
+    # Per sample: forward, backward and data, at the share a computing rank had.
+    walls = fig.compute_s + fig.data_s
+    per_sample = min(work, walls * _computing_share(fig, source))
+    # Per step: what is left, less the bytes' work (no more than there is) and the cold
+    # start as far as it had room for it (paid right after the collective, where the
+    # optimizer runs).
+    per_step = work - per_sample
+    if comm.work(n0) > per_step:
+        comm = comm.faster(per_step / comm.work(n0))
+    per_step -= comm.work(n0)
+    cold = _cold(fig, n0, source)
+    seen = min(1.0, per_step / cold) if cold > 0 else 1.0
+    replicated = per_step - seen * cold
+    compute = per_sample * fig.compute_s / walls if walls > 0 else 0.0
+    loop = fig.optim_s + fig.other_s
+    optim = replicated * fig.optim_s / loop if loop > 0 else 0.0
+    # What the step leaves after the work at its share: asleep in the collectives or
+    # waiting for the last rank.
+    asleep = max(0.0, fig.step_s - _wall(fig, work, n0, source))
+    before = per_sample + seen * cold + replicated - optim  # before the collective
+    wait = wait_model(world=n0, sync_wait_s=fig.sync_wait_s, work_s=before, cores=units,
+                      background=spread_over)
+    if cost > asleep:  # the wait cannot cost more than the step left
+        wait = WaitModel(per_work=wait.per_work * asleep / cost,
+                         scheduled_s=wait.scheduled_s * asleep / cost)
+        cost = asleep
+    if n0 > 1:
+        comm = fit_sleep(comm, n0, asleep - cost, fig.cores, source)
+    return _Accounts(compute=compute, data=per_sample - compute, optim=optim,
+                     other=replicated - optim, seen=seen, comm=comm, wait=wait)
 
 
 def _terms(fig: RunFigures, n: int, source: float, target: float) -> dict[str, float]:
     """Seconds per step of each term at n ranks: the run measured beside `source` foreign
     threads, the prediction is for `target` of them."""
-    n0 = fig.world_size
+    run = _accounts(fig, source)
     _, accum = batch_split(fig, n)
-    work0, work = _share(fig, n0, source), _share(fig, n, target)
-    host0, host = cpu_share(n0, fig.cores, source), cpu_share(n, fig.cores, target)
-    # The phases in the order they run after the collective (optimizer first).
-    optim, other, data0, compute0 = _core_seconds(
-        [(fig.optim_s, work0), (fig.other_s, host0), (fig.data_s, host0),
-         (fig.compute_s, work0)], _credit(fig, n0))
-    compute = _compute(fig, n, compute0, _cold(fig, n0, source), _cold(fig, n, target))
-    data = data0 * n0 / n  # each rank's share of the global batch, relative to the run's
-    walls = _walls([(optim, work), (other, host), (data, host), (compute, work)],
-                   _credit(fig, n))
-    comm, waits = _models(fig, source)
-    wire = comm.exposed(n, host if fig.device == "cpu" else 1.0, target, fig.cores)
-    wait = waits.wait(n, walls[1] + walls[2] + walls[3], fig.cores, target)
-    return {"optim": walls[0], "other": walls[1], "data": walls[2], "compute": walls[3],
-            "wire": wire, "wait": wait, "share": work, "accum": float(accum),
-            "fitted": float(comm.fitted)}
+    samples = fig.world_size / n  # each rank's samples per step, relative to the run's
+    compute = run.compute * samples + run.seen * _cold(fig, n, target)
+    data = run.data * samples
+    wire = run.comm.work(n)
+    work = compute + data + run.optim + run.other + wire
+    wall = _wall(fig, work, n, target)
+    # The bytes' work comes last, in the collective; the rest shares the wall before it.
+    wire_wall = wall - _wall(fig, work - wire, n, target)
+    rest = work - wire
+    scale = (wall - wire_wall) / rest if rest > 0 else 0.0  # wall seconds per core-second
+    units, spread_over = _units(fig, target)
+    wait = run.wait.cost(n, compute + data + run.other, units, spread_over)
+    return {"optim": run.optim * scale, "other": run.other * scale, "data": data * scale,
+            "compute": compute * scale,
+            "wire": wire_wall + run.comm.sleep(n, target, fig.cores), "wait": wait,
+            "share": _share(fig, n, target), "accum": float(accum),
+            "fitted": float(run.comm.fitted)}
 
 
 def _spread(fig: RunFigures, n: int, terms: dict[str, float]) -> float:
@@ -322,6 +420,9 @@ def predict_one(fig: RunFigures, n: int, background: float | None = None) -> Pre
     target = middle if background is None else background
     terms = _terms(fig, n, middle, target)
     step = step_seconds(terms)
+    if step <= 0:
+        raise ValueError(f"run {fig.run_id!r}: no measured step time to scale "
+                         f"(time/step {fig.step_s:g} s)")
     # The run's background over its windows; and, unless told the background at
     # prediction time, its drift by then.
     cases = [(lo, lo if background is None else background),
