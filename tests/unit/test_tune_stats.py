@@ -131,6 +131,10 @@ def test_decision_rules() -> None:
     floor = stats.noise_floor(placebo, 0.05)
     assert floor == 1.12 and stats.noise_floor(stats.Interval(1, 0.99, 1.02, 3), 0.05) == 1.05
     assert stats.noise_floor(None) == math.inf
+    # an A/A ratio has no direction: a placebo far below 1 is as much noise as one above
+    low_side = stats.noise_floor(stats.Interval(0.75, 0.6, 0.94, 3), 0.05)
+    assert low_side == pytest.approx(1 / 0.6)
+    assert stats.noise_floor(stats.Interval(1.0, 0.0, math.inf, 1)) == math.inf  # df 0
     assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 2), floor) == "win"
     assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 1), floor) == "more"  # one pair: never
     assert stats.judge(stats.Interval(1.0, 0.9, 1.11, 1), floor) == "lose"

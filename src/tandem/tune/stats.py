@@ -30,7 +30,11 @@ independent computations in tests/unit/test_tune_stats.py:
 * **The placebo.** Every session measures an A/A arm: the reference plan against
   itself. Its interval is what a change that does nothing shows on this machine today.
 * **Noise floor and decisions** (`noise_floor`, `judge`): floor = max(1 + min_gain, the
-  placebo's upper bound). An arm wins when it has MIN_PAIRS pairs or more and its lower
+  placebo's upper bound, the inverse of its lower bound). Which run of an A/A pair is
+  "A" is arbitrary, so a placebo measured at 0.75 [0.60, 0.94] says that two runs of one
+  plan can differ by 1/0.60 = 1.67x on this machine today, as surely as one at 1.33
+  [1.06, 1.67] does (one such session, where one plan's runs came out 2,600 to 3,800
+  samples/s). An arm wins when it has MIN_PAIRS pairs or more and its lower
   bound exceeds the floor; it is stopped when its upper bound is below the floor (it
   cannot beat the noise); otherwise it gets another pair, up to a maximum, after which
   it is not significant. Stopping as soon as an arm is decided makes the test
@@ -217,11 +221,12 @@ def arm_interval(logs: Sequence[float], sd: float, df: int,
 
 
 def noise_floor(placebo: Interval | None, min_gain: float = MIN_GAIN) -> float:
-    """What a gain's lower bound must exceed: 1 + min_gain and the placebo's upper bound
-    (infinite without a placebo: no winner without a measured noise)."""
-    if placebo is None:
+    """What a gain's lower bound must exceed: 1 + min_gain, the placebo's upper bound and
+    the inverse of its lower bound (an A/A ratio has no direction), infinite without a
+    placebo or a noise estimate: no winner without a measured noise."""
+    if placebo is None or placebo.low <= 0:
         return math.inf
-    return max(1 + min_gain, placebo.high)
+    return max(1 + min_gain, placebo.high, 1 / placebo.low)
 
 
 def judge(ratio: Interval, floor: float, min_pairs: int = MIN_PAIRS,
