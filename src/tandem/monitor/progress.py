@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 from rich.console import Console
@@ -124,7 +125,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     for key, value in summary.items():
         if key == "name":
             continue
-        if isinstance(value, float):
+        if key.endswith("_at") and isinstance(value, (int, float)):  # a Unix time
+            value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+        elif isinstance(value, float):
             value = f"{value:,.4f}" if abs(value) < 1000 else f"{value:,.1f}"
         elif isinstance(value, dict):
             value = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
