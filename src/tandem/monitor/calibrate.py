@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from tandem.monitor.flops import count_flops, peak_flops
+from tandem.monitor.flops import count_flops, keep_flops, kept_flops, peak_flops
 
 Pass = Callable[[bool], None]  # run one forward+backward, synchronising gradients or not
 SMALL_BYTES = 4096  # the latency probe's buffer
@@ -58,13 +58,26 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS) -> dict
 
 
 def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
-              grad_bytes: int, precision: str, communicates: bool) -> dict[str, float]:
+              grad_bytes: int, precision: str, communicates: bool,
+              signature: str | None = None) -> dict[str, float]:
     """Every once-per-run figure, as metric name -> value. All ranks.
 
     `communicates`: gradients or weights cross the group (the link's cost is measured).
+    `signature`: what the step's FLOP count depends on (`flops.step_signature`), to read
+    a count kept from an earlier run of the same step instead of counting again.
     """
     figures: dict[str, float] = {}
-    flops = count_flops(lambda: run(False))
+    flops = kept_flops(signature)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        # Every rank counts, or none: the counting pass can hold collectives (FSDP's
+        # gathers, tensor parallelism), and ranks on other nodes keep other caches.
+        every = torch.tensor([0 if flops is None else 1], device=device)
+        dist.all_reduce(every, op=dist.ReduceOp.MIN)
+        if not every.item():
+            flops = None
+    if flops is None:
+        flops = count_flops(lambda: run(False))
+        keep_flops(signature, flops)
     peak, source = peak_flops(device, precision)
     figures["flops/per_rank_step"] = float(flops * accum)
     if peak > 0:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import json
 import os
 import platform
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -38,6 +41,61 @@ def count_flops(run: Callable[[], None]) -> int:
     return int(counter.get_total_flops())
 
 
+def kept_flops(signature: str | None) -> int | None:
+    """The FLOP count kept for `signature` (`step_signature`) by an earlier run, if any."""
+    if signature is None:
+        return None
+    kept = _read_cache(FLOPS_FILE).get(signature)
+    return kept if isinstance(kept, int) and kept >= 0 else None
+
+
+def keep_flops(signature: str | None, flops: int) -> None:
+    """Keep a step's FLOP count for later runs of the same step."""
+    if signature is not None:
+        _keep(FLOPS_FILE, signature, flops)
+
+
+def step_signature(model: torch.nn.Module, batch: object, code: Iterable[object],
+                   setting: str) -> str | None:
+    """What a step's FLOP count depends on, hashed: the module tree with its parameters'
+    shapes and dtypes, the batch's structure, shapes and dtypes, `setting` (precision,
+    plan), torch's version, and the files that define the model's classes and the
+    callables in `code` (path, size, modification time: an edited file counts again).
+    None where any of it cannot be read: the caller then counts."""
+    try:
+        parts = [f"torch={torch.__version__}", setting, repr(model)]
+        parts += [f"{n}:{tuple(q.shape)}:{q.dtype}" for n, q in model.named_parameters()]
+        parts.append(_structure(batch))
+        defined = {type(m) for m in model.modules()}
+        for c in code:
+            while isinstance(c, functools.partial):  # what it calls, and with what
+                parts.append(f"partial{c.args!r}{sorted(c.keywords.items())!r}"[:500])
+                c = c.func
+            if c is not None:
+                defined.add(c if inspect.isclass(c) or inspect.isroutine(c) else type(c))
+        for obj in sorted(defined, key=lambda o: f"{o.__module__}.{o.__qualname__}"):
+            path = inspect.getsourcefile(obj)
+            if path is None:
+                return None
+            st = os.stat(path)
+            parts.append(f"{obj.__module__}.{obj.__qualname__}@{path}:{st.st_size}:"
+                         f"{st.st_mtime_ns}")
+    except (TypeError, OSError, AttributeError):
+        return None
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _structure(batch: object) -> str:
+    if isinstance(batch, torch.Tensor):
+        return f"T{tuple(batch.shape)}{batch.dtype}"
+    if isinstance(batch, (list, tuple)):
+        return f"{type(batch).__name__}[" + ",".join(_structure(b) for b in batch) + "]"
+    if isinstance(batch, dict):
+        return "{" + ",".join(f"{k!r}:{_structure(v)}" for k, v in sorted(
+            batch.items(), key=lambda kv: repr(kv[0]))) + "}"
+    return f"{type(batch).__name__}:{batch!r}"[:200]
+
+
 def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
     """(peak FLOP/s, how it was obtained): a data-sheet figure or a measured matmul rate."""
     if device.type == "cuda":
@@ -49,11 +107,11 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
                 kind = precision if precision != "fp32" else ("tf32" if tf32 else "fp32")
                 return peak, f"data sheet ({name}, {kind})"
     key = _machine_key(device, precision)
-    cached = _read_cache().get(key)
+    cached = _read_cache(PEAKS_FILE).get(key)
     if isinstance(cached, (int, float)) and cached > 0:
         return float(cached), f"measured matmul ({device.type}, {precision}, cached)"
     peak = measure_matmul(device, precision)
-    _remember(key, peak)
+    _keep(PEAKS_FILE, key, peak, larger=True)
     return peak, f"measured matmul ({device.type}, {precision})"
 
 
@@ -62,6 +120,9 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
 # $XDG_CACHE_HOME/tandem, else ~/.cache/tandem). A later run reads it instead of spending
 # 0.1 s of its own time on the probe.
 PEAKS_FILE = "peaks.json"
+# A step's FLOP count is kept too, under its `step_signature` (28 ms of the 5-s demo's
+# calibration was counting them again).
+FLOPS_FILE = "flops.json"
 
 
 def cache_dir() -> Path:
@@ -91,27 +152,28 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _read_cache() -> dict[str, object]:
+def _read_cache(name: str) -> dict[str, object]:
     try:
-        data = json.loads((cache_dir() / PEAKS_FILE).read_text())
+        data = json.loads((cache_dir() / name).read_text())
     except (OSError, ValueError):
         return {}  # none yet, or unreadable: measure again (and rewrite it)
     return data if isinstance(data, dict) else {}
 
 
-def _remember(key: str, peak: float) -> None:
-    """Keep `peak` under `key`, the larger of it and what is kept (a probe slowed by a
-    neighbour measures low, never high); atomic, and silent where nothing can be written."""
+def _keep(name: str, key: str, value: float, larger: bool = False) -> None:
+    """Keep `value` under `key` in the cache file `name` (with `larger`: the larger of it
+    and what is kept, for a peak: a probe slowed by a neighbour measures low, never high);
+    atomic, and silent where nothing can be written."""
     try:
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        data = _read_cache()
+        data = _read_cache(name)
         old = data.get(key)
-        data[key] = max(peak, float(old)) if isinstance(old, (int, float)) else peak
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".peaks-")
+        data[key] = (max(value, old) if larger and isinstance(old, (int, float)) else value)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-")
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, folder / PEAKS_FILE)
+        os.replace(tmp, folder / name)
     except OSError:
         pass
 

@@ -1,5 +1,7 @@
 """The run's one-time measurements, taken on its last micro-batch with no trace left,
 and taken again (the link's part) when the step time drifts from where they were made.
+A step's FLOP count and the CPU's peak are kept between runs (`monitor.flops`): a later
+run of the same step on the same machine reads them.
 
 A drift is the median step time of the last DRIFT_WINDOWS logging windows moving more
 than DRIFT from the median of the first DRIFT_WINDOWS after the measurement: one slow
@@ -19,6 +21,7 @@ from collections import deque
 import torch
 
 from tandem.monitor.calibrate import calibrate, link_cost
+from tandem.monitor.flops import step_signature
 from tandem.monitor.progress import Reporter
 from tandem.monitor.system import state_bytes
 from tandem.trainer.step import StepParts
@@ -86,13 +89,17 @@ class Calibration:
                 loss.backward()
             p.optimizer.zero_grad(set_to_none=True)
 
+        signature = step_signature(
+            model, batch, (task.loss, task.forward, type(task)),
+            f"{p.config.precision!r}|{p.config.plan!r}|{p.device.type}|{type(strategy)}")
         try:
             with strategy.calibrating(one_pass):
                 figures = calibrate(one_pass, device=p.device,
                                     world_size=p.layout.dp_size, accum=accum,
                                     grad_bytes=self.grad_bytes,
                                     precision=p.config.precision.mode,
-                                    communicates=p.layout.dp_size > 1)
+                                    communicates=p.layout.dp_size > 1,
+                                    signature=signature)
         finally:
             with torch.no_grad():
                 for name, value in model.named_buffers():
