@@ -4,16 +4,32 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import socket
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
+# Ports for the groups' stores: below the kernel's ephemeral range (32768-60999 here) and
+# above Ray's worker ports (10002-19999). A port the kernel hands out for "any port" is
+# free when asked but not when rank 0 binds it seconds later: outgoing connections and
+# other services' "any port" (a Ray head's agents, in the other lane) draw from the same
+# range, and one such collision hung a group's rendezvous in a suite run.
+STORE_PORTS = range(20000, 32000)
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the ranges
+    that other processes draw from (STORE_PORTS)."""
+    for port in random.Random().sample(STORE_PORTS, 64):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # every one taken: the kernel's choice
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

@@ -7,7 +7,6 @@ never against tandem's own loading.
 from __future__ import annotations
 
 import json
-import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -32,17 +31,12 @@ from tandem.checkpoint import (
     restore,
     save,
 )
+from tests.dist.procs import free_port
 
 WORLD = 2
 STEP = 6
 # Below the pytest timeout, so a hung rank is killed here and reported, not orphaned.
 SPAWN_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

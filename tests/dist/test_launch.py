@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reap import kill_tree
 from tests.dist.procs import free_port
+from tests.reap import kill_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "dist" / "scripts" / "toy_train.py")
