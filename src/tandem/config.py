@@ -1,4 +1,5 @@
-"""One configuration tree: dataclass sections, TOML files, dotted command-line overrides."""
+"""One configuration tree: TOML files and dotted command-line overrides read into the
+sections of `tandem.config_schema`, checked, and the script's command line."""
 
 from __future__ import annotations
 
@@ -9,289 +10,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tandem.config_schema import (  # noqa: F401 - the sections, re-exported
+    CheckpointConfig,
+    Config,
+    DataConfig,
+    FaultConfig,
+    MonitorConfig,
+    OptimConfig,
+    PlanConfig,
+    PrecisionConfig,
+    RunConfig,
+    TrainConfig,
+)
 from tandem.config_values import (  # noqa: F401 - re-exported
     parse_ramp,
     parse_seq_ramp,
     parse_target,
 )
-
-
-def _doc(default: Any, doc: str) -> Any:
-    return field(default=default, metadata={"doc": doc})
-
-
-@dataclass(kw_only=True)
-class RunConfig:
-    """Where the run lives and how it starts."""
-
-    name: str = _doc("", "run name; the directory is <dir>/<name> (default: the script's name)")
-    dir: str = _doc("runs", "parent directory of run directories")
-    seed: int = _doc(0, "seed of the sample order and of every RNG (per rank, per step)")
-    resume: Literal["auto", "never", "require", "fresh"] = _doc(
-        "auto", "auto: continue from the latest good checkpoint if any (and stop, saying "
-        "why, if checkpoints exist but none verifies); never: refuse a run directory that "
-        "holds checkpoints; require: fail if there is none; fresh: start at step 0, moving "
-        "any checkpoints there aside (renamed, never deleted)"
-    )
-    allow_changes: str = _doc(
-        "", "settings a resumed run may change although they change the training math: "
-        "comma-separated keys (train.global_batch, optim.schedule, train.steps under a "
-        "stretched schedule, optimizer, ...) or 'all'"
-    )
-
-
-@dataclass(kw_only=True)
-class TrainConfig:
-    """The training math: same at every process count."""
-
-    steps: int = _doc(1000, "optimizer steps to train")
-    global_batch: int = _doc(128, "samples per optimizer step, summed over all processes")
-    micro_batch: int = _doc(
-        0, "samples per forward/backward on one process (0: global_batch / world size)"
-    )
-    grad_clip: float = _doc(0.0, "clip the global gradient norm to this value (0: off)")
-    eval_every: int = _doc(0, "evaluate every N steps (0: only at the end)")
-    eval_batch: int = _doc(256, "samples per evaluation batch on one process")
-    batch_ramp: str = _doc(
-        "", "grow the global batch on a schedule by raising accumulation: 'STEP:BATCH,...', "
-        "the first at step 0 and the last BATCH equal to global_batch, e.g. "
-        "'0:32,100:64,200:128'; each BATCH is a multiple of micro_batch x processes; the lr "
-        "follows optim.lr_scaling for each step's batch (empty: off)"
-    )
-    target: str = _doc(
-        "", "time-to-target goal, 'metric>=value' or 'metric<=value', e.g. 'accuracy>=0.97'"
-    )
-    stop_at_target: bool = _doc(
-        False, "end the run at the first evaluation that meets train.target (with a "
-        "checkpoint there when checkpoint.at_end)"
-    )
-    eval_from: int = _doc(
-        0, "the eval_every schedule starts at this step: earlier multiples of eval_every are "
-        "skipped (the last step always evaluates)"
-    )
-    ema_decay: float = _doc(
-        0.0, "evaluate, checkpoint (state 'ema') and return an exponential moving average of "
-        "the weights, updated after each step with decay min(ema_decay, (1 + t) / (10 + t)) "
-        "at update t (0: off)"
-    )
-    eval_views: bool = _doc(
-        True, "average the model's outputs over the views Task.eval_views makes of each "
-        "evaluation batch (test-time augmentation), when the task gives it"
-    )
-    label_smoothing: float = _doc(
-        0.0, "label smoothing of the training loss when Task.loss is tandem.CrossEntropy() "
-        "(evaluation reports the plain loss; 0: off)"
-    )
-    seq_ramp: str = _doc(
-        "", "grow the training sequence length: 'STEP:LEN,...' cuts dim 1 of every batch "
-        "tensor with 2+ dims to LEN from STEP on, LEN 0 being the full length, the first at "
-        "step 0 and the last LEN 0, e.g. '0:32,50:64,100:0' (empty: off)"
-    )
-
-
-@dataclass(kw_only=True)
-class DataConfig:
-    """The input pipeline."""
-
-    workers: int = _doc(0, "DataLoader worker processes per rank")
-    pin_memory: bool = _doc(True, "pin host memory of batches when training on CUDA")
-    prefetch: int = _doc(2, "batches each DataLoader worker loads ahead")
-    in_memory: bool = _doc(
-        False, "read each dataset once at start into stacked tensors and gather every batch "
-        "by indexing them (no DataLoader, no per-sample calls): the same samples in the same "
-        "order; randomness a dataset draws per sample is drawn once"
-    )
-
-
-@dataclass(kw_only=True)
-class PlanConfig:
-    """How the model is spread over processes."""
-
-    strategy: Literal["auto", "single", "ddp", "fsdp", "localsgd", "diloco"] = _doc(
-        "auto", "auto: no wrapper for one process, DDP for more; single; ddp; fsdp (FSDP2: "
-        "parameters, gradients and optimizer state sharded over the processes); localsgd "
-        "(average the replicas every sync_every steps); diloco (outer Nesterov step on the "
-        "averaged change every sync_every steps)"
-    )
-    sync_every: int = _doc(8, "localsgd/diloco: optimizer steps between meetings (H)")
-    outer_lr: float = _doc(0.7, "diloco: learning rate of the outer Nesterov step")
-    outer_momentum: float = _doc(0.9, "diloco: momentum of the outer Nesterov step")
-    bucket_mb: float = _doc(25.0, "DDP gradient bucket size in MiB")
-    static_graph: bool = _doc(False, "DDP static_graph (the same parameters are used every step)")
-    find_unused: bool = _doc(False, "DDP find_unused_parameters (some parameters get no gradient)")
-    backend: Literal["auto", "gloo", "nccl"] = _doc(
-        "auto", "process-group backend (auto: nccl on CUDA, gloo on CPU)"
-    )
-    device: Literal["auto", "cpu", "cuda"] = _doc("auto", "device (auto: cuda when available)")
-    timeout_s: float = _doc(300.0, "collective timeout in seconds")
-    threads: int = _doc(
-        0, "CPU threads per process for torch's intra-op work (torch.set_num_threads); 0 "
-        "leaves it to OMP_NUM_THREADS (`tandem run` sets 1 when unset)"
-    )
-    malloc_threshold_mb: float = _doc(
-        16.0, "glibc hosts: allocations up to this size are reused from the heap instead of "
-        "being mapped and unmapped (page-faulted) each step; 0 keeps glibc's adaptive "
-        "threshold (at most 32; MALLOC_MMAP_THRESHOLD_ in the environment wins)"
-    )
-    comm_hook: Literal["none", "fp16", "bf16", "powersgd", "topk", "hierarchical"] = _doc(
-        "none", "DDP gradient communication: none (fp32 all-reduce); fp16 / bf16 (half the "
-        "bytes; bf16 needs nccl); powersgd, topk (lossy, with error feedback); hierarchical "
-        "(reduce in node, all-reduce between nodes, broadcast in node)"
-    )
-    powersgd_rank: int = _doc(2, "comm_hook powersgd: rank of the low-rank approximation")
-    powersgd_warmup: int = _doc(
-        10, "comm_hook powersgd: steps of plain all-reduce before compressing (>= 2)"
-    )
-    topk_ratio: float = _doc(0.01, "comm_hook topk: fraction of each bucket's entries sent")
-    fsdp_reshard: bool = _doc(
-        True, "fsdp: free each block's gathered parameters after its forward (less memory, "
-        "one more all-gather in backward)"
-    )
-    fsdp_param_dtype: Literal["fp32", "bf16", "fp16"] = _doc(
-        "fp32", "fsdp: dtype the gathered parameters compute in (fp32: their own dtype)"
-    )
-    fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] = _doc(
-        "fp32", "fsdp: dtype of the gradient reduce-scatter"
-    )
-    tp: int = _doc(
-        1, "tensor-parallel degree: each data-parallel replica is split over this many "
-        "processes along the layers the task's tensor_parallel plan names (1: off)"
-    )
-    activation_checkpointing: bool = _doc(
-        False, "recompute each block's activations in backward instead of keeping them "
-        "(less memory, about one more forward of compute)"
-    )
-    compile: bool = _doc(False, "torch.compile the model (skipped with a warning where it "
-                                "cannot work)")
-    init: Literal["eager", "deferred"] = _doc(
-        "eager", "eager: build the whole model on every process, as the task's factory "
-        "initialises it; deferred: build it on the meta device, spread it (fsdp, tp), then "
-        "initialise only this process's part, each module by its reset_parameters() seeded "
-        "by run.seed and its name (the same weights at any process count; for models larger "
-        "than one process's memory)"
-    )
-
-
-@dataclass(kw_only=True)
-class PrecisionConfig:
-    """Numerics of forward and backward."""
-
-    mode: Literal["fp32", "bf16", "fp16"] = _doc(
-        "fp32", "fp32; bf16 autocast; fp16 autocast with dynamic loss scaling"
-    )
-    init_scale: float = _doc(65536.0, "fp16: initial loss scale")
-    growth_interval: int = _doc(2000, "fp16: steps without overflow before the scale grows")
-
-
-@dataclass(kw_only=True)
-class OptimConfig:
-    """Learning-rate schedule and scaling (the optimizer itself comes from the Task)."""
-
-    schedule: Literal["constant", "warmup_cosine", "onecycle", "warmup_linear", "wsd"] = _doc(
-        "constant", "multiplier of the optimizer's lr over the steps: warmup_cosine and "
-        "warmup_linear fall from the peak after warmup_steps to min_lr_ratio at the end; wsd "
-        "(warm-up, stable, decay) holds the peak and falls linearly over the last "
-        "cooldown_frac of the steps"
-    )
-    warmup_steps: int = _doc(0, "linear warm-up steps (warmup_cosine)")
-    min_lr_ratio: float = _doc(0.0, "final lr as a fraction of the peak (warmup_cosine, "
-                                    "warmup_linear, wsd, onecycle)")
-    cooldown_frac: float = _doc(0.2, "wsd: fraction of the steps, at the end, over which the "
-                                     "lr falls linearly to min_lr_ratio")
-    pct_start: float = _doc(0.3, "fraction of steps spent rising (onecycle)")
-    lr_scaling: Literal["none", "linear", "sqrt"] = _doc(
-        "none", "scale the lr with global_batch / reference_batch"
-    )
-    reference_batch: int = _doc(0, "batch size the optimizer's lr was tuned for (lr_scaling)")
-    momentum_schedule: Literal["constant", "onecycle"] = _doc(
-        "constant", "momentum (SGD momentum or Adam's beta1) over the steps: constant keeps "
-        "the optimizer's; onecycle falls from momentum_max to momentum_min while the lr "
-        "rises and climbs back while it falls (torch OneCycleLR's cycle_momentum)"
-    )
-    momentum_min: float = _doc(0.85, "momentum_schedule onecycle: the lowest momentum")
-    momentum_max: float = _doc(0.95, "momentum_schedule onecycle: the highest momentum")
-
-
-@dataclass(kw_only=True)
-class CheckpointConfig:
-    """When state is committed to disk."""
-
-    every: int = _doc(0, "checkpoint every N steps (0: only at the end)")
-    keep: int = _doc(2, "committed checkpoints to keep (0: all)")
-    at_end: bool = _doc(True, "checkpoint after the last step")
-    async_save: bool = _doc(
-        True, "write checkpoints in the background: the step waits only while the state is "
-        "copied to host memory (one save in flight at a time)"
-    )
-
-
-@dataclass(kw_only=True)
-class FaultConfig:
-    """What the run does when something goes wrong."""
-
-    nonfinite: Literal["skip", "rollback", "raise"] = _doc(
-        "skip", "on a NaN/Inf gradient (fp32/bf16; fp16 has its loss scaler): skip the step, "
-        "roll back to the last good checkpoint, or stop"
-    )
-    spike: Literal["warn", "rollback"] = _doc(
-        "warn", "on a loss spike: record it, or roll back to the checkpoint before it"
-    )
-    rollback_lr_scale: float = _doc(1.0, "multiply the lr by this after each rollback")
-    max_rollbacks: int = _doc(3, "rollbacks allowed before the run stops")
-    heartbeat_s: float = _doc(2.0, "seconds between each rank's liveness records (0: off)")
-
-
-@dataclass(kw_only=True)
-class MonitorConfig:
-    """What the run shows and records."""
-
-    log_every: int = _doc(10, "record loss and throughput every N steps")
-    timing: bool = _doc(True, "time the phases of each step (data, compute, optimizer)")
-    store: str = _doc("", "SQLite run store (default: <run.dir>/tandem.db)")
-    calibrate_at: int = _doc(
-        20, "after this step (past warm-up), measure FLOPs, the device's peak and the link's "
-        "latency and bandwidth once (0: never; the link again if the step time drifts)"
-    )
-    progress: Literal["auto", "bar", "log", "off"] = _doc(
-        "auto", "rank 0 progress: a live bar (terminals), log lines, or nothing"
-    )
-    tensorboard: str = _doc(
-        "", "TensorBoard log directory, relative to the run directory ('' = off)"
-    )
-    prometheus_port: int = _doc(
-        -1, "serve live figures to Prometheus on this port (-1 = off, 0 = a free port)"
-    )
-    prometheus_host: str = _doc("127.0.0.1", "address the Prometheus endpoint binds")
-    report: bool = _doc(True, "write <run dir>/report.html when the run completes")
-
-
-@dataclass(kw_only=True)
-class Config:
-    """Every setting of a run."""
-
-    run: RunConfig = field(default_factory=RunConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    plan: PlanConfig = field(default_factory=PlanConfig)
-    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    fault: FaultConfig = field(default_factory=FaultConfig)
-    monitor: MonitorConfig = field(default_factory=MonitorConfig)
-
-    def to_dict(self) -> dict[str, dict[str, Any]]:
-        """The config as plain nested dicts (for JSON and TOML)."""
-        return dataclasses.asdict(self)
-
-    def to_toml(self) -> str:
-        """The config as a TOML document that `load` reads back."""
-        lines: list[str] = []
-        for section, values in self.to_dict().items():
-            lines.append(f"[{section}]")
-            lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
-            lines.append("")
-        return "\n".join(lines)
-
 
 # Bounds that a type alone cannot say: field -> (minimum, human description).
 _MINIMUM: dict[str, tuple[float, str]] = {
@@ -333,15 +68,6 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "fault.max_rollbacks": (0, "an integer >= 0"),
     "fault.heartbeat_s": (0, "a number >= 0"),
 }
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
 
 
 def sections() -> dict[str, type]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.config import _toml_value
+from tandem.config_schema import _toml_value
 from tandem.monitor.store import RunStore
 from tandem.tune import shim
 from tandem.tune.space import DATA_CONTROL
