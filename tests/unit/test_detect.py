@@ -72,3 +72,21 @@ def test_a_converged_heavy_tailed_loss_is_not_a_stream_of_spikes() -> None:
     # before this rule every tail batch was an event (about 180 of them); now a tail
     # batch is named only when it lies twice as far out as any the window holds
     assert tail_batches > 150 and len(steps) - 1 <= 0.05 * tail_batches, steps
+
+
+def test_a_gradient_norm_that_grows_step_by_step_is_an_explosion() -> None:
+    """A gradient norm that grows by 1.3x a step out of a noisy window is named while it
+    grows, at each of its first steps, not only once it is NaN."""
+    rng = random.Random(5)
+    detectors, fired = HealthDetectors(), []
+    norm = 1.0
+    for i in range(300):
+        if i < 200:
+            value = math.exp(rng.gauss(0, 0.25))  # spread: the window's max is ~2x
+        else:
+            norm *= 1.3
+            value = norm
+        fired += [e.step for e in detectors.step(i, 1.0, value) if e.kind == "grad_explosion"]
+    growth = [s for s in fired if s >= 200]
+    # from step 204 (2.9x) every step is named: robust z above GRAD_Z over a window of ~1
+    assert set(range(204, 210)) <= set(growth), fired

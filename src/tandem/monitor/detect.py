@@ -10,12 +10,13 @@
 
 (*) Robust z-score = 0.6745 (x - median) / MAD over the trailing window (Iglewicz and
 Hoaglin); it ignores the ordinary noise of a decreasing loss curve and fires on
-outliers. An outlier must also lie TAIL_MARGIN times farther above the window's median
-than the highest value the window holds: a converged model's per-batch loss is
+outliers. A loss outlier must also lie TAIL_MARGIN times farther above the window's
+median than the highest value the window holds: a converged model's per-batch loss is
 heavy-tailed (most batches near 0, one with a misclassified sample 20-40x the median,
 which the median and MAD never see), and a value the window's own tail already reaches
-is that tail, not a spike. Detectors stay silent until the window holds MIN_HISTORY
-values.
+is that tail, not a spike. The gradient norm has no such margin: an explosion can grow
+by 1.3x a step, and each step of it would lie within twice the last one's reach.
+Detectors stay silent until the window holds MIN_HISTORY values.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ def robust_z(value: float, history: list[float]) -> float:
 class OutlierDetector:
     """Fires when a value is an upward outlier of its trailing window."""
 
-    def __init__(self, kind: str, what: str, z: float, window: int = WINDOW) -> None:
-        self.kind, self.what, self.z = kind, what, z
+    def __init__(self, kind: str, what: str, z: float, window: int = WINDOW,
+                 tail_margin: float | None = None) -> None:
+        self.kind, self.what, self.z, self.tail_margin = kind, what, z, tail_margin
         self.history: deque[float] = deque(maxlen=window)
 
     def update(self, step: int, value: float) -> Event | None:
@@ -72,7 +74,8 @@ class OutlierDetector:
         if len(self.history) >= MIN_HISTORY:
             history = list(self.history)
             median = statistics.median(history)
-            beyond_tail = value - median > TAIL_MARGIN * (max(history) - median)
+            beyond_tail = (self.tail_margin is None
+                           or value - median > self.tail_margin * (max(history) - median))
             score = robust_z(value, history)
             if beyond_tail and score > self.z:
                 event = Event(self.kind, step, value, self.z,
@@ -86,7 +89,7 @@ class HealthDetectors:
     """All detectors of one run, fed once per step or per logging window."""
 
     def __init__(self) -> None:
-        self.loss = OutlierDetector("loss_spike", "loss", SPIKE_Z)
+        self.loss = OutlierDetector("loss_spike", "loss", SPIKE_Z, tail_margin=TAIL_MARGIN)
         self.grad = OutlierDetector("grad_explosion", "gradient norm", GRAD_Z)
         self.rates: deque[float] = deque(maxlen=WINDOW)
 
