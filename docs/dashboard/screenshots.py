@@ -3,11 +3,10 @@
     python docs/dashboard/screenshots.py [--steps 300] [--reuse DIR]
 
 Two real runs of examples/mnist1d_cnn.py on 2 processes (the first one resumed once, so
-it has two segments; the second with fp16 gradient compression), a tune session's
-decision record written through RunStore.log_trial (figures in the shape the tuner
-records), a scheduler's history written through SchedStore (jobs whose runs are the two
-above; times made up, records in the shape the service writes), then Chromium's
-screenshots of the Runs, Run, Compare, Tuner and Scheduler pages.
+it has two segments; the second with fp16 gradient compression), a real `tandem tune`
+session on the tuner's test job, a scheduler's history written through SchedStore (jobs
+whose runs are the two above; times made up, records in the shape the service writes), then
+Chromium's screenshots of the Runs, Run, Compare, Tuner and Scheduler pages.
 """
 
 from __future__ import annotations
@@ -41,36 +40,18 @@ def train(cwd: Path, name: str, steps: int, *flags: str) -> None:
                     *flags], cwd=cwd, env=env, check=True, capture_output=True)
 
 
-def tune_session(store: Path) -> None:
-    ci = lambda e, lo, hi: {"estimate": e, "low": lo, "high": hi, "n": 12}  # noqa: E731
-    with RunStore(store) as s:
-        s.start_run("tune-mnist1d_cnn-demo", "tune-mnist1d_cnn",
-                    {"tune": {"min_gain": 0.05, "budget_s": 600}, "script": "mnist1d_cnn.py",
-                     "nproc": 2}, {"strategy": "ddp"}, {"world_size": 2})
-        trials = [
-            ("00", {}, "measured", {"label": "baseline", "kind": "baseline",
-                                    "samples_per_s": ci(5210, 5080, 5340)},
-             "diagnosis: communication-bound (medium)"),
-            ("01", {"plan.comm_hook": "none"}, "bound",
-             {"label": "no gradient communication", "kind": "control",
-              "samples_per_s": ci(6630, 6490, 6770), "ratio": ci(1.27, 1.22, 1.33)},
-             "removing all communication cost gains up to 1.33x: communication changes tried"),
-            ("02", {"plan.bucket_mb": 100}, "not-significant",
-             {"label": "plan.bucket_mb 100", "kind": "candidate",
-              "samples_per_s": ci(5300, 5150, 5450), "ratio": ci(1.02, 0.97, 1.06)},
-             "1.02x [0.97, 1.06]: the lower bound is under 1.05"),
-            ("03", {"plan.comm_hook": "fp16"}, "adopted",
-             {"label": "plan.comm_hook fp16", "kind": "candidate",
-              "samples_per_s": ci(6010, 5900, 6120), "ratio": ci(1.15, 1.11, 1.19),
-              "guardrail": {"ok": True, "baseline_loss": 0.412, "candidate_loss": 0.415}},
-             "adopted: 1.15x [1.11, 1.19], final loss within 5%"),
-        ]
-        for tid, plan, status, figures, decision in trials:
-            s.log_trial("tune-mnist1d_cnn-demo", tid, plan, status, figures, decision)
-        s.finish_run("tune-mnist1d_cnn-demo", "completed",
-                     {"chosen": {"plan.comm_hook": "fp16"}, "trials": 4, "runs": 7,
-                      "speedup": ci(1.15, 1.11, 1.19),
-                      "evidence": {"plan.comm_hook": "1.15x [1.11, 1.19] over 3 A/B/A blocks"}})
+def tune_session(cwd: Path, store: Path) -> None:
+    """A real `tandem tune` session (the tuner's test job with 32 needless accumulation
+    passes a step, on 2 processes) recorded in `store`."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"),
+               TUNE_TASK_SLEEP_MS="0")
+    subprocess.run([sys.executable, "-m", "tandem.cli", "tune", "--nproc-per-node", "2",
+                    "--max-trials", "1", "--budget", "10m", "--steps", "120", "--log-every",
+                    "10", "--placebo-pairs", "2", "--max-pairs", "4", "--store", str(store),
+                    "--work-dir", str(cwd / "trials"), "--out", str(cwd / "plan.toml"),
+                    str(ROOT / "tests" / "dist" / "scripts" / "tune_task.py"),
+                    "--train.global_batch", "128", "--train.micro_batch", "2"],
+                   cwd=cwd, env=env, check=True, capture_output=True)
 
 
 def sched_history(store: Path) -> None:
@@ -137,7 +118,7 @@ def main() -> None:
         # continues the same run (a second segment), its schedule stretched on purpose
         train(cwd, "mnist1d_cnn", args.steps, "--run.allow_changes", "train.steps")
         train(cwd, "mnist1d_fp16", args.steps, "--plan.comm_hook", "fp16")
-        tune_session(store)
+        tune_session(cwd, store)
         sched_history(store)
     with RunStore(store) as s:
         ids = {r["name"]: r["run_id"] for r in s.runs()}
