@@ -56,7 +56,8 @@ def build_store(path: Path) -> Path:
                         "adopted: 1.31x [1.22, 1.40]")
         store.finish_run("tune-1", "completed",
                          {"chosen": {"data.workers": 2}, "trials": 3,
-                          "speedup": {"estimate": 1.31, "low": 1.22, "high": 1.40, "n": 8}})
+                          "speedup": {"estimate": 1.31, "low": 1.22, "high": 1.40, "n": 8},
+                          "noise": {"floor": 1.17, "placebo_pairs": 3}})
         store.start_run("live-1", "live", {"train": {"steps": 1000}}, {"strategy": "single"},
                         {"world_size": 1, "device": "cpu"})
         now = time.time()

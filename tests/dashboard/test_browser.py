@@ -217,7 +217,10 @@ def test_tuner_page_shows_trials_intervals_and_decision(store: Path, serve, page
     assert page.inner_text("tr[data-trial='02']").count("1.31x [1.22, 1.4]") == 1
     assert page.eval_on_selector_all("#intervals circle", "c => c.length") == 2
     assert "data.workers" in page.inner_text("#decision")
-    assert "1.05x" in page.inner_text("#head")  # the adoption bar, from min_gain
+    # the adoption bar: the session's noise floor, and the least it could be (min_gain)
+    head = page.inner_text("#head")
+    assert "exceeds 1.17x" in head and "at least 1.05x" in head, head
+    assert "floor 1.17x" in page.inner_text("#intervals")
 
 
 @pytest.mark.timeout(60)

@@ -41,6 +41,18 @@ def test_mean_interval_is_the_textbook_t_interval() -> None:
     assert stats.mean_interval([5.0]) == stats.Interval(5.0, 5.0, 5.0, 1)
 
 
+def test_a_rate_interval_is_the_t_interval_of_the_logs_and_stays_positive() -> None:
+    rates = [7149.0, 32362.0]  # two runs 4.5x apart: the plain interval goes below zero
+    assert stats.mean_interval(rates, 0.95).low < 0
+    iv = stats.rate_interval(rates, 0.95)
+    logs = [math.log(r) for r in rates]
+    half = 12.706205 * statistics.stdev(logs) / math.sqrt(2)  # t(0.975, 1)
+    assert iv.estimate == pytest.approx(math.sqrt(rates[0] * rates[1]))
+    assert iv.low == pytest.approx(math.exp(statistics.fmean(logs) - half), rel=1e-5)
+    assert iv.high == pytest.approx(math.exp(statistics.fmean(logs) + half), rel=1e-5)
+    assert iv.low > 0 and stats.rate_interval([0.0, 1.0]) == stats.mean_interval([0.0, 1.0])
+
+
 def test_warmup_detection_finds_a_decaying_transient() -> None:
     rng = random.Random(3)
     found = []

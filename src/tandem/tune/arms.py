@@ -165,7 +165,7 @@ class Bench:
             "wall_s": sum(p.arm.wall_s + p.reference.wall_s for p in arm.pairs),
             "noise": self.noise_record(fig)}
         if arm_rates and ref_rates:
-            out["samples_per_s"] = stats.mean_interval(arm_rates, self.confidence).as_dict()
+            out["samples_per_s"] = stats.rate_interval(arm_rates, self.confidence).as_dict()
             out["medians"] = {"arm": statistics.median(arm_rates),
                               "reference": statistics.median(ref_rates)}
         iv = self.interval(arm)

@@ -21,7 +21,7 @@ def render(result: TuneResult, script: str, nproc: int, store: str, min_gain: fl
              f"# session {result.session_id}: {result.trials} trial(s), {result.wall_s:.0f} s; "
              f"decision record: tandem report {result.session_id} --store {store}"]
     if result.baseline is not None:
-        lines.append(f"# baseline: {result.baseline.text()} samples/s (mean over "
+        lines.append(f"# baseline: {result.baseline.text()} samples/s (geometric mean over "
                      f"{result.baseline.n} runs of the current plan, 95% CI)")
     found = [r for r in result.records if r.kind == "baseline"]
     if found:

@@ -183,7 +183,7 @@ class Tuner:
         runs = [r.figures["wall"] for p in arm.pairs for r in (p.reference, p.arm)
                 if "wall" in r.figures]
         if runs:
-            figures["samples_per_s"] = tstats.mean_interval(runs, self.s.confidence).as_dict()
+            figures["samples_per_s"] = tstats.rate_interval(runs, self.s.confidence).as_dict()
         status = "failed" if error else "measured"
         self._record(arm.label, PLACEBO, status, {}, figures,
                      f"this machine's noise: {evidence_text(figures)}"
@@ -365,7 +365,7 @@ class Tuner:
         placebo = self.bench.placebo
         runs = ([r.figures["wall"] for p in placebo.pairs for r in (p.reference, p.arm)
                  if "wall" in r.figures] if placebo else [])
-        return tstats.mean_interval(runs, self.s.confidence) if runs else None
+        return tstats.rate_interval(runs, self.s.confidence) if runs else None
 
     def _result(self) -> TuneResult:
         self.speed = self._speedup()

@@ -18,13 +18,17 @@
   const trials = new Map(d.trials.map((t) => [t.trial_id, t]));
   const session = d.session;
   const minGain = ((session.config || {}).tune || {}).min_gain;
+  // What a gain had to clear: the session's noise floor (the placebo's reach either side
+  // of 1, at least 1 + min_gain) once recorded, else 1 + min_gain.
+  const recordedFloor = T.num(((session.summary || {}).noise || {}).floor);
+  const floor = Number.isFinite(recordedFloor) ? recordedFloor : minGain !== undefined ? 1 + minGain : undefined;
   const interval = (x, suffix) => x && typeof x === "object" && "estimate" in x
     ? `${T.fmt(x.estimate)}${suffix || ""} [${T.fmt(x.low)}, ${T.fmt(x.high)}]` : "–";
 
   const head = () => document.getElementById("head").replaceChildren(
     T.el("h1", {}, session.name, T.el("span", { class: `badge ${session.status}`, text: session.status }),
       T.el("small", { text: session.run_id })),
-    T.el("div", { class: "muted", text: `started ${T.when(session.started)} · script ${(session.config || {}).script ?? "?"} · ${(session.config || {}).nproc ?? "?"} processes` + (minGain !== undefined ? ` · adopt when the lower bound of the speed-up exceeds ${T.fmt(1 + minGain)}x` : "") }));
+    T.el("div", { class: "muted", text: `started ${T.when(session.started)} · script ${(session.config || {}).script ?? "?"} · ${(session.config || {}).nproc ?? "?"} processes` + (floor !== undefined ? ` · adopt when the lower bound of the speed-up exceeds ${T.fmt(floor)}x` + (Number.isFinite(recordedFloor) && minGain !== undefined ? ` (the noise floor; at least ${T.fmt(1 + minGain)}x)` : "") : "") }));
   const decision = () => {
     const s = session.summary, box = document.getElementById("decision");
     if (!s) { box.replaceChildren(T.el("p", { class: "muted", text: session.status === "running" ? "the session is still running" : "no decision recorded" })); return; }
@@ -33,23 +37,24 @@
       T.card("Speed-up vs the starting plan [95% CI]", T.el("p", { text: interval(s.speedup, "x") })),
       T.card("Evidence and the rest", T.kv(Object.fromEntries(Object.entries(s).filter(([k]) => !["chosen", "speedup"].includes(k)))))));
   };
-  // Ratio intervals as an SVG: one row per trial with a ratio, lines at 1 and 1 + min_gain.
+  // Ratio intervals as an SVG: one row per trial with a ratio, lines at 1 and the floor.
   const intervals = () => {
     const box = document.getElementById("intervals");
     const rows = [...trials.values()].filter((t) => t.figures && t.figures.ratio && "low" in t.figures.ratio);
     if (!rows.length) { box.replaceChildren(T.el("p", { class: "muted", text: "no trial measured against the plan yet" })); return; }
     const lows = rows.map((t) => T.num(t.figures.ratio.low)), highs = rows.map((t) => T.num(t.figures.ratio.high));
-    const lo = Math.min(0.9, ...lows.filter(Number.isFinite)), hi = Math.max(1.1, 1 + (minGain || 0) + 0.02, ...highs.filter(Number.isFinite));
-    const W = 820, L = 260, R = 90, H = 24 * rows.length + 30, x = (v) => L + (v - lo) / (hi - lo) * (W - L - R);
+    const lo = Math.min(0.9, ...lows.filter(Number.isFinite)), hi = Math.max(1.1, (floor || 1) + 0.02, ...highs.filter(Number.isFinite));
+    const W = 820, L = 260, R = 90, H = 24 * rows.length + 40, x = (v) => L + (v - lo) / (hi - lo) * (W - L - R);
     const ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
     const add = (tag, attrs, text) => { const e = document.createElementNS(ns, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text) e.textContent = text; svg.append(e); return e; };
     svg.setAttribute("class", "intervals"); svg.setAttribute("viewBox", `0 0 ${W} ${H}`); svg.setAttribute("width", W);
-    for (const [v, label, dash] of [[1, "1x", ""], ...(minGain !== undefined ? [[1 + minGain, `${T.fmt(1 + minGain)}x`, "4 3"]] : [])]) {
-      add("line", { x1: x(v), x2: x(v), y1: 4, y2: H - 18, stroke: "#888", "stroke-dasharray": dash });
-      add("text", { x: x(v) - 10, y: H - 4 }, label);
+    // 1x labelled under the axis, the floor above it: close together they must not overlap
+    for (const [v, label, dash, y] of [[1, "1x", "", H - 4], ...(floor !== undefined ? [[floor, `floor ${T.fmt(floor)}x`, "4 3", 10]] : [])]) {
+      add("line", { x1: x(v), x2: x(v), y1: 14, y2: H - 18, stroke: "#888", "stroke-dasharray": dash });
+      add("text", { x: x(v) - 10, y }, label);
     }
     rows.forEach((t, i) => {
-      const y = 16 + 24 * i, r = t.figures.ratio, c = t.status === "adopted" ? "#2e7d32" : t.figures.kind === "control" ? "#2f6fd6" : "#d6552f";
+      const y = 26 + 24 * i, r = t.figures.ratio, c = t.status === "adopted" ? "#2e7d32" : t.figures.kind === "control" ? "#2f6fd6" : "#d6552f";
       add("text", { x: 4, y: y + 4 }, `${t.trial_id} ${t.figures.label || ""} (${t.status})`.slice(0, 40));
       add("line", { x1: x(T.num(r.low)), x2: x(T.num(r.high)), y1: y, y2: y, stroke: c, "stroke-width": 3 });
       add("circle", { cx: x(T.num(r.estimate)), cy: y, r: 4, fill: c, "data-trial": t.trial_id });
