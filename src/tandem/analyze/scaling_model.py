@@ -381,9 +381,10 @@ def _terms(fig: RunFigures, n: int, source: float, target: float) -> dict[str, f
     work = compute + data + run.optim + run.other + wire
     wall = _wall(fig, work, n, target)
     # The bytes' work comes last, in the collective; the rest shares the wall before it.
-    wire_wall = wall - _wall(fig, work - wire, n, target)
     rest = work - wire
-    scale = (wall - wire_wall) / rest if rest > 0 else 0.0  # wall seconds per core-second
+    rest_wall = _wall(fig, rest, n, target)
+    wire_wall = wall - rest_wall
+    scale = rest_wall / rest if rest > 0 else 0.0  # wall seconds per core-second
     units, spread_over = _units(fig, target)
     wait = run.wait.cost(n, compute + data + run.other, units, spread_over)
     return {"optim": run.optim * scale, "other": run.other * scale, "data": data * scale,
