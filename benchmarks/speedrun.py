@@ -92,6 +92,7 @@ TRICKS: dict[str, dict[str, list[str]]] = {
     "char_lm": {
         "muon": ["--optimizer", "adamw"],
         "seq_ramp": ["--train.seq_ramp", ""],
+        "bf16": ["--precision.mode", "fp32"],
         "short_schedule": ["--train.steps", "300", "--optim.warmup_steps", "30"],
         "late_evals": ["--train.eval_from", "0"],
         "in_memory": ["--data.in_memory", "false"],
