@@ -264,9 +264,9 @@ def _train(run_dir: Path, name: str, steps: int, nproc: int) -> subprocess.Popen
            "--monitor.progress", "off", "--monitor.log_every", "10",
            "--train.eval_every", "0", "--train.target", ""]
     # stderr to a file: a pipe nobody reads while the run goes fills up and blocks it
-    log = (run_dir / f"{name}.log").open("w")
-    return subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with (run_dir / f"{name}.log").open("w") as log:  # the child keeps its own copy
+        return subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _live_run(base: str, name: str, proc: subprocess.Popen) -> str:
@@ -356,7 +356,8 @@ def overhead(args: argparse.Namespace) -> None:
             train.wait(60)
         stop(proc)
     windows = _windows(store, run_id)
-    rates = [(m, _block_rate(windows, a, b, 128), c, pc) for m, a, b, c, pc in blocks]
+    batch = 128  # examples/mnist1d_cnn.py's global batch (its recipe, not overridden above)
+    rates = [(m, _block_rate(windows, a, b, batch), c, pc) for m, a, b, c, pc in blocks]
     logs = []
     for i in range(0, len(rates), 2):
         pair = {m: r for m, r, _, _ in rates[i:i + 2]}
@@ -414,6 +415,8 @@ def main() -> None:
     ov.add_argument("--warmup", type=float, default=10.0)
     ov.add_argument("--nproc", type=int, default=2)
     args = parser.parse_args()
+    if args.part == "overhead" and args.pairs < 2:
+        parser.error("overhead: --pairs must be at least 2 (an interval needs two pairs)")
     {"latency": latency, "firstpaint": firstpaint, "overhead": overhead}[args.part](args)
 
 

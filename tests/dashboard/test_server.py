@@ -9,6 +9,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +106,44 @@ def test_stream_sends_only_rows_past_the_cursor(store: Path, serve) -> None:
             got["events"] = more["events"]
     assert [tuple(r[:4]) for r in rows] == [r[:4] for r in new]
     assert [e["kind"] for e in got["events"]] == ["target"]
+
+
+def test_a_stream_coalesces_commits_that_come_faster_than_its_gap(store: Path, serve) -> None:
+    """20 commits within a second reach the page as a few messages, every row once, in
+    order, the messages at least MIN_GAP_S apart (one message per commit without it)."""
+    import urllib.parse
+    import urllib.request
+
+    from tandem.dashboard.stream import MIN_GAP_S
+
+    base = serve(store).url("", local=True)
+    cursor = get_json(base + "/api/run/live-1")["cursor"]
+    url = (base + "/stream/run/live-1?cursor="
+           + urllib.parse.quote(urllib.parse.urlencode(cursor)))
+    steps = list(range(200, 220))
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        assert resp.readline().startswith(b": connected")
+
+        def write() -> None:
+            with RunStore(store) as s:
+                for step in steps:  # one commit each, 50 ms apart: 20 in about a second
+                    s.log_metrics("live-1", [(step, -1, "loss", 1.0, time.time())])
+                    time.sleep(0.05)
+
+        writer = threading.Thread(target=write)
+        started = time.monotonic()
+        writer.start()
+        got: list[int] = []
+        arrived: list[float] = []  # read as they come, while the writer commits
+        while len(got) < len(steps):
+            got += [row[0] for row in _read_update(resp, time.monotonic() + 10)["rows"]]
+            arrived.append(time.monotonic())
+        writer.join()
+        span = arrived[-1] - started
+    assert got == steps
+    gaps = [b - a for a, b in zip(arrived, arrived[1:], strict=False)]
+    assert len(arrived) <= min(span / MIN_GAP_S + 2, len(steps) / 4), (len(arrived), span)
+    assert all(g >= MIN_GAP_S * 0.8 for g in gaps), gaps
 
 
 def _tandem(*args: str, env: dict[str, str]) -> subprocess.Popen:

@@ -51,6 +51,9 @@ def test_expected_maximum_of_normals_matches_known_values() -> None:
     assert expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-5)
     assert expected_max(3) == pytest.approx(1.5 / math.sqrt(math.pi), rel=1e-5)
     assert expected_max(4) == pytest.approx(1.029375, rel=1e-5)
+    # Past ~1000 ranks the count of orderings overflows a float unless taken as a log.
+    assert expected_max(1000) == pytest.approx(3.241436, rel=1e-5)
+    assert expected_max(1000) < expected_max(2048) < 3.5
     # Other order statistics: the smallest of two, the median of three, the third of four
     # (tabulated: 0.297011); the four of them average to zero.
     assert expected_order(1, 2) == pytest.approx(-1 / math.sqrt(math.pi), rel=1e-5)

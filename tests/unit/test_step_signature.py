@@ -81,3 +81,29 @@ def test_a_kept_count_is_read_back_and_a_broken_file_is_counted_again(
     assert flops.kept_flops(sig) == counted and flops.kept_flops(None) is None
     (tmp_path / flops.FLOPS_FILE).write_text("{not json")
     assert flops.kept_flops(sig) is None
+
+
+def _keep_many(folder: str, worker: int) -> None:
+    os.environ["TANDEM_CACHE_DIR"] = folder
+    for i in range(25):
+        flops.keep_flops(f"w{worker}-{i}", worker * 1000 + i)
+
+
+def test_runs_that_keep_counts_at_once_lose_none(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four processes each keep 25 counts in the same file at the same time: each write
+    reads, adds and replaces the file, so without a lock one write drops another's."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_keep_many, args=(str(tmp_path), w)) for w in range(4)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(60)
+        assert p.exitcode == 0
+    monkeypatch.setenv("TANDEM_CACHE_DIR", str(tmp_path))
+    for w in range(4):
+        for i in range(25):
+            assert flops.kept_flops(f"w{w}-{i}") == w * 1000 + i, (w, i)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".flops.json-")]

@@ -58,13 +58,18 @@ def expected_order(i: int, n: int) -> float:
         return 0.0
     unit, steps, lo, hi = NormalDist(), 2000, -8.0, 8.0
     width = (hi - lo) / steps
-    ways = math.comb(n, i) * i  # n! / ((i-1)! (n-i)!)
+    # log(n! / ((i-1)! (n-i)!)): the count itself overflows a float past ~1000 ranks.
+    log_ways = math.lgamma(n + 1) - math.lgamma(i) - math.lgamma(n - i + 1)
     total = 0.0
     for k in range(steps + 1):
         x = lo + k * width
-        weight = 0.5 if k in (0, steps) else 1.0
         below = unit.cdf(x)
-        total += weight * x * ways * unit.pdf(x) * below ** (i - 1) * (1 - below) ** (n - i)
+        if not 0.0 < below < 1.0:
+            continue  # the density of the order statistic is 0 (to double precision) here
+        weight = 0.5 if k in (0, steps) else 1.0
+        log_density = (log_ways + math.log(unit.pdf(x)) + (i - 1) * math.log(below)
+                       + (n - i) * math.log1p(-below))
+        total += weight * x * math.exp(log_density)
     return total * width
 
 

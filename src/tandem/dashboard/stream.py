@@ -4,6 +4,11 @@ One task per server asks SQLite's `PRAGMA data_version` (a read of the WAL index
 query) every POLL_S; when another connection has committed, it wakes every stream, and
 each stream asks its page for the rows past its own cursor. An idle store costs one
 pragma per POLL_S whatever the number of open pages.
+
+A stream sends at most one message per MIN_GAP_S: a run that commits many times a second
+(one window of each rank, liveness, events) costs one query and one redraw of the page per
+gap, not one per commit. The rows held back wait at most MIN_GAP_S, which with POLL_S
+keeps a committed row on the page within a second.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -23,6 +29,7 @@ from tandem.dashboard.reader import Reader, StoreUnavailable, connect_readonly
 log = logging.getLogger("tandem")
 
 POLL_S = 0.2
+MIN_GAP_S = 0.5  # between two messages of one stream (commits in between are coalesced)
 HEARTBEAT_S = 15.0  # a comment line this often finds a page that went away
 
 Cursor = dict[str, int]
@@ -117,16 +124,20 @@ def message(payload: Mapping[str, Any], cursor: Cursor) -> str:
 
 
 async def events(watcher: Watcher, reader: Reader, updates: Updates,
-                 args: Mapping[str, str], cursor: Cursor) -> AsyncIterator[str]:
-    """The stream of one page: updates past `cursor` whenever the store changes."""
+                 args: Mapping[str, str], cursor: Cursor,
+                 min_gap_s: float = MIN_GAP_S) -> AsyncIterator[str]:
+    """The stream of one page: updates past `cursor` whenever the store changes, at most
+    one message per `min_gap_s` (a backlog's parts excepted)."""
 
     def step(current: Cursor) -> tuple[dict[str, Any] | None, Cursor]:
         with reader.snapshot() as conn:
             return updates(conn, args, current)
 
-    seen = watcher.version
+    loop = asyncio.get_running_loop()
+    sent = -math.inf
     yield ": connected\n\n"
     while not watcher.stopped:
+        seen = watcher.version  # before the query: a commit during it wakes the next
         try:
             payload, cursor = await run_in_threadpool(step, cursor)
         except StoreUnavailable:
@@ -135,7 +146,8 @@ async def events(watcher: Watcher, reader: Reader, updates: Updates,
             yield message(payload, cursor)
             if payload.get("more"):
                 continue  # a backlog: send the next part without waiting
-        before = seen
-        seen = await watcher.wait(seen, HEARTBEAT_S)
-        if seen == before and not watcher.stopped:
+            sent = loop.time()
+        if await watcher.wait(seen, HEARTBEAT_S) == seen and not watcher.stopped:
             yield ": ping\n\n"
+        elif (rest := sent + min_gap_s - loop.time()) > 0 and not watcher.stopped:
+            await asyncio.sleep(rest)  # commits that land meanwhile go in one message

@@ -17,6 +17,11 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: the cache's writes are then not serialised
+    fcntl = None  # type: ignore[assignment]
+
 # Dense peak FLOP/s per device from vendor data sheets: (name pattern, the device's
 # bf16/fp16 tensor peak, fp32 without TF32, fp32 matmuls in TF32). The patterns are tried
 # in order and match whole words: the more specific card first (H100 PCIe before H100,
@@ -167,25 +172,40 @@ def _keep(name: str, key: str, value: float, larger: bool = False) -> None:
     try:
         folder = cache_dir()
         folder.mkdir(parents=True, exist_ok=True)
-        data = _read_cache(name)
-        old = data.get(key)
-        data[key] = (max(value, old) if larger and isinstance(old, (int, float)) else value)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, folder / name)
+        with open(folder / f".{name}.lock", "a") as lock:
+            if fcntl is not None:  # runs that start together must not drop each other's
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            data = _read_cache(name)
+            old = data.get(key)
+            data[key] = (max(value, old) if larger and isinstance(old, (int, float)) else value)
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}-")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1, sort_keys=True)
+                os.replace(tmp, folder / name)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
     except OSError:
         pass
 
 
 def measure_matmul(device: torch.device, precision: str, size: int = 512,
                    seconds: float = 0.1) -> float:
-    """Best sustained FLOP/s of square matmuls on this device (a short calibration)."""
+    """Best sustained FLOP/s of square matmuls on this device (a short calibration). On a
+    CPU under bf16 or fp16 autocast, the faster of that dtype and fp32: half-precision
+    matmuls are faster than fp32 on CPUs with AVX-512 BF16 or AMX, slower without."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     if device.type == "cpu" and dtype != torch.float32:
-        dtype = torch.float32  # CPU autocast runs most matmuls at fp32 speed or slower
+        half = _matmul_rate(device, dtype, size, seconds / 2)
+        return max(half, _matmul_rate(device, torch.float32, size, seconds / 2))
     if device.type == "cuda":
         size = 4096
+    return _matmul_rate(device, dtype, size, seconds)
+
+
+def _matmul_rate(device: torch.device, dtype: torch.dtype, size: int, seconds: float) -> float:
+    """Best FLOP/s of 4 back-to-back size x size matmuls over `seconds`."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     best = 0.0

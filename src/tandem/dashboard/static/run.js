@@ -179,6 +179,9 @@
       Object.entries(f).filter(([k]) => !["kind", "severity", "message"].includes(k)).map(([k, v]) =>
         T.el("div", { class: "field", "data-field": k }, T.el("b", { text: k }), T.kv(v))))));
   };
+  // The diagnosis reads the whole run on the server: asked again at most every
+  // REDIAGNOSE_MS while new rows arrive, not on each update.
+  const REDIAGNOSE_MS = 30000;
   let diagnosedAt = 0, dirty = false;
   const diagnose = async () => {
     diagnosedAt = Date.now(); dirty = false;
@@ -241,8 +244,8 @@
     if (msg.run) { Object.assign(run, msg.run); configCards(); }
     header();
     if (msg.rows) dirty = true;
-    if (dirty && Date.now() - diagnosedAt > 10000) diagnose();
+    if (dirty && Date.now() - diagnosedAt > REDIAGNOSE_MS) diagnose();
   };
   T.stream(`/run/${encodeURIComponent(run.run_id)}`, d.cursor, apply);
-  setInterval(() => { if (dirty && Date.now() - diagnosedAt > 10000) diagnose(); }, 5000);
+  setInterval(() => { if (dirty && Date.now() - diagnosedAt > REDIAGNOSE_MS) diagnose(); }, 5000);
 })();
