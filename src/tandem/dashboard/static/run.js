@@ -149,12 +149,18 @@
         ["duration", T.secs(end - run.started)]].map(([k, v]) =>
         T.el("div", {}, T.el("b", { id: `kpi-${k.replace("/", "")}`, text: typeof v === "string" ? v : T.fmt(v) }), T.el("span", { text: k })))));
   };
+  const EVENTS_SHOWN = 200;
   const eventsTable = () => {
     const box = document.getElementById("events");
     if (!T.events.length) { box.replaceChildren(T.el("p", { class: "muted", text: "no events" })); return; }
-    box.replaceChildren(T.table(["step", "rank", "kind", "message", "value", "threshold", "time"],
-      T.events.map((e) => [e.step, e.rank, e.kind, e.message, e.value, e.threshold, T.when(e.time)]),
-      [true, true, false, false, true, true, false]));
+    // The latest EVENTS_SHOWN only: the table is rebuilt on each new event, and a long
+    // run's thousands of rows made each rebuild cost more than the page's charts.
+    const shown = T.events.slice(-EVENTS_SHOWN), hidden = T.events.length - shown.length;
+    const table = T.table(["step", "rank", "kind", "message", "value", "threshold", "time"],
+      shown.map((e) => [e.step, e.rank, e.kind, e.message, e.value, e.threshold, T.when(e.time)]),
+      [true, true, false, false, true, true, false]);
+    if (!hidden) { box.replaceChildren(table); return; }
+    box.replaceChildren(T.el("p", { class: "muted", text: `the latest ${EVENTS_SHOWN} of ${T.events.length.toLocaleString("en-US")} events, all in the run store` }), table);
   };
   const segmentsTable = () => {
     const box = document.getElementById("segments"), segs = T.segments;
