@@ -109,3 +109,31 @@ def test_a_converged_heavy_tailed_gradient_norm_is_not_a_stream_of_explosions() 
         fired += [e.step for e in detectors.step(i, 1e-3, norm) if e.kind == "grad_explosion"]
     assert 2500 in fired
     assert tail > 400 and len(fired) - 1 <= 0.02 * tail, (len(fired), tail)
+
+
+def test_a_real_divergence_is_named_before_it_overflows() -> None:
+    """Plain PyTorch: least squares by SGD on minibatches, stable for 200 steps, then at a
+    learning rate past 2 / the curvature, where each step multiplies the error (a real
+    divergence, not a planted series). Nothing is named while it is stable; the
+    explosion is named within a few steps of the lr change, long before inf."""
+    import torch
+
+    torch.manual_seed(0)
+    x = torch.randn(4096, 16)
+    y = x @ torch.randn(16, 1) + 0.1 * torch.randn(4096, 1)
+    w = torch.zeros(16, 1, requires_grad=True)
+    detectors, fired, norms = HealthDetectors(), [], []
+    for step in range(260):
+        lr = 0.05 if step < 200 else 1.3
+        idx = torch.randint(0, len(x), (64,))
+        loss = ((x[idx] @ w - y[idx]) ** 2).mean()
+        (grad,) = torch.autograd.grad(loss, w)
+        norm = float(grad.norm())
+        norms.append(norm)
+        fired += [e.step for e in detectors.step(step, float(loss.detach()), norm)
+                  if e.kind == "grad_explosion"]
+        with torch.no_grad():
+            w -= lr * grad
+    assert not [s for s in fired if s < 200], fired
+    first = min(s for s in fired if s >= 200)
+    assert first <= 210 and math.isfinite(norms[first]), (first, norms[200:212])

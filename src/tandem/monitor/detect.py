@@ -10,7 +10,7 @@
 
 (*) Robust z-score = 0.6745 (x - median) / MAD over the trailing window (Iglewicz and
 Hoaglin); it ignores the ordinary noise of a decreasing loss curve and fires on
-outliers. A loss outlier must also lie TAIL_MARGIN times farther above the window's
+outliers. An outlier must also lie TAIL_MARGIN times farther above the window's
 median than the highest value the window holds: a converged model's per-batch loss is
 heavy-tailed (most batches near 0, one with a misclassified sample 20-40x the median,
 which the median and MAD never see), and a value the window's own tail already reaches
@@ -55,8 +55,16 @@ class Event:
 
 def robust_z(value: float, history: list[float]) -> float:
     """0.6745 (value - median) / MAD of `history` (0 when the MAD is 0 and value = median)."""
+    return _z(value, *_center(history))
+
+
+def _center(history: list[float]) -> tuple[float, float]:
+    """(median, MAD) of `history`."""
     median = statistics.median(history)
-    mad = statistics.median(abs(x - median) for x in history)
+    return median, statistics.median(abs(x - median) for x in history)
+
+
+def _z(value: float, median: float, mad: float) -> float:
     if mad == 0:
         scale = abs(median) * 1e-3 or 1e-12  # a flat history: judge against 0.1% of it
         return 0.6745 * (value - median) / scale
@@ -67,19 +75,18 @@ class OutlierDetector:
     """Fires when a value is an upward outlier of its trailing window."""
 
     def __init__(self, kind: str, what: str, z: float, window: int = WINDOW,
-                 tail_margin: float | None = None, rise_steps: int | None = None) -> None:
-        self.kind, self.what, self.z, self.tail_margin = kind, what, z, tail_margin
-        self.rise_steps = rise_steps
+                 rise_steps: int | None = None) -> None:
+        self.kind, self.what, self.z, self.rise_steps = kind, what, z, rise_steps
         self.history: deque[float] = deque(maxlen=window)
 
-    def _rising(self, value: float, history: list[float]) -> bool:
+    def _rising(self, value: float, history: list[float], median: float, mad: float) -> bool:
         """Whether `value` ends `rise_steps` rises of RISE_RATIO or more in a row whose
         values on the way were already half-way outliers (robust z > z / 2)."""
         if self.rise_steps is None or len(history) < self.rise_steps:
             return False
         run = [*history[-self.rise_steps:], value]
         return (all(b >= RISE_RATIO * a > 0 for a, b in zip(run, run[1:], strict=False))
-                and all(robust_z(v, history) > self.z / 2 for v in run[1:-1]))
+                and all(_z(v, median, mad) > self.z / 2 for v in run[1:-1]))
 
     def update(self, step: int, value: float) -> Event | None:
         """Feed one value; return an event if it is an outlier. Every value joins the
@@ -90,11 +97,10 @@ class OutlierDetector:
         event = None
         if len(self.history) >= MIN_HISTORY:
             history = list(self.history)
-            median = statistics.median(history)
-            beyond_tail = (self.tail_margin is None
-                           or value - median > self.tail_margin * (max(history) - median))
-            score = robust_z(value, history)
-            if score > self.z and (beyond_tail or self._rising(value, history)):
+            median, mad = _center(history)
+            score = _z(value, median, mad)
+            beyond_tail = value - median > TAIL_MARGIN * (max(history) - median)
+            if score > self.z and (beyond_tail or self._rising(value, history, median, mad)):
                 event = Event(self.kind, step, value, self.z,
                               f"{self.what} {value:.4g} at step {step} is an outlier "
                               f"(robust z {score:.1f} > {self.z})")
@@ -106,9 +112,9 @@ class HealthDetectors:
     """All detectors of one run, fed once per step or per logging window."""
 
     def __init__(self) -> None:
-        self.loss = OutlierDetector("loss_spike", "loss", SPIKE_Z, tail_margin=TAIL_MARGIN)
+        self.loss = OutlierDetector("loss_spike", "loss", SPIKE_Z)
         self.grad = OutlierDetector("grad_explosion", "gradient norm", GRAD_Z,
-                                    tail_margin=TAIL_MARGIN, rise_steps=RISE_STEPS)
+                                    rise_steps=RISE_STEPS)
         self.rates: deque[float] = deque(maxlen=WINDOW)
 
     def step(self, step: int, loss: float, grad_norm: float | None) -> list[Event]:
