@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from tandem.dashboard.reader import Reader
 from tandem.monitor.store import RunStore
 from tests.dashboard.conftest import get, get_json
+from tests.dist.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTES = ["/runs", "/run/alpha-1", "/compare?runs=alpha-1,beta-1", "/tuner", "/sched",
@@ -163,19 +163,13 @@ def _url_from(proc: subprocess.Popen, deadline_s: float = 60) -> str:
     raise AssertionError(f"no URL printed (exit {proc.poll()})")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.timeout(90)
 def test_token_is_required_off_loopback(store: Path) -> None:
     token = "t0ken-for-tests-" + "x" * 16
     # This checkout's tandem, not whichever one the environment has installed.
     env = dict(os.environ, TANDEM_DASHBOARD_TOKEN=token,
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
-    port = _free_port()
+    port = free_port()
     proc = _tandem("dashboard", "--store", str(store), "--host", "0.0.0.0", "--port",
                    str(port), env=env)
     try:

@@ -174,8 +174,6 @@ def rate_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> In
     return Interval(math.exp(logs.estimate), math.exp(logs.low), math.exp(logs.high), logs.n)
 
 
-
-
 @dataclass(frozen=True)
 class WindowFigure:
     """One logging window of a run: its samples, training seconds and closing time."""
