@@ -38,13 +38,22 @@
       T.card("Evidence and the rest", T.kv(Object.fromEntries(Object.entries(s).filter(([k]) => !["chosen", "speedup"].includes(k)))))));
   };
   // Ratio intervals as an SVG: one row per trial with a ratio, lines at 1 and the floor.
+  // (An end cut at the axis is marked ‹ or ›; the table gives every interval in full.)
   const intervals = () => {
     const box = document.getElementById("intervals");
     const rows = [...trials.values()].filter((t) => t.figures && t.figures.ratio && "low" in t.figures.ratio);
     if (!rows.length) { box.replaceChildren(T.el("p", { class: "muted", text: "no trial measured against the plan yet" })); return; }
     const lows = rows.map((t) => T.num(t.figures.ratio.low)), highs = rows.map((t) => T.num(t.figures.ratio.high));
-    const lo = Math.min(0.9, ...lows.filter(Number.isFinite)), hi = Math.max(1.1, (floor || 1) + 0.02, ...highs.filter(Number.isFinite));
-    const W = 820, L = 260, R = 90, H = 24 * rows.length + 40, x = (v) => L + (v - lo) / (hi - lo) * (W - L - R);
+    // A log axis (ratios), spanning the estimates and the floor with room either side: an
+    // interval of a run or two can reach 0.01x-100x and would squash every estimate
+    // into a corner, so its ends are cut at the axis and marked.
+    const ests = rows.map((t) => T.num(t.figures.ratio.estimate)).filter((v) => v > 0);
+    const finite = (vs) => vs.filter((v) => Number.isFinite(v) && v > 0);
+    const lo = Math.max(Math.min(0.9, ...finite(lows)), Math.min(0.9, ...ests) / 2);
+    const hi = Math.min(Math.max(1.1, (floor || 1) * 1.05, ...finite(highs)), Math.max(1.1, floor || 1, ...ests) * 2);
+    const W = 820, L = 260, R = 90, H = 24 * rows.length + 40;
+    const clip = (v) => Math.min(hi, Math.max(lo, Number.isFinite(v) && v > 0 ? v : lo));
+    const x = (v) => L + Math.log(clip(v) / lo) / Math.log(hi / lo) * (W - L - R);
     const ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
     const add = (tag, attrs, text) => { const e = document.createElementNS(ns, tag); for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text) e.textContent = text; svg.append(e); return e; };
     svg.setAttribute("class", "intervals"); svg.setAttribute("viewBox", `0 0 ${W} ${H}`); svg.setAttribute("width", W);
@@ -57,6 +66,8 @@
       const y = 26 + 24 * i, r = t.figures.ratio, c = t.status === "adopted" ? "#2e7d32" : t.figures.kind === "control" ? "#2f6fd6" : "#d6552f";
       add("text", { x: 4, y: y + 4 }, `${t.trial_id} ${t.figures.label || ""} (${t.status})`.slice(0, 40));
       add("line", { x1: x(T.num(r.low)), x2: x(T.num(r.high)), y1: y, y2: y, stroke: c, "stroke-width": 3 });
+      if (!(T.num(r.low) >= lo)) add("text", { x: L - 10, y: y + 4, fill: c }, "‹");
+      if (!(T.num(r.high) <= hi)) add("text", { x: W - R - 2, y: y + 4, fill: c }, "›");
       add("circle", { cx: x(T.num(r.estimate)), cy: y, r: 4, fill: c, "data-trial": t.trial_id });
       add("text", { x: W - R + 6, y: y + 4 }, `${T.fmt(r.estimate)}x`);
     });
