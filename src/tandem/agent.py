@@ -6,10 +6,14 @@ failed rank's own message; here a rank that stopped with a usage error (exit sta
 its one-line message already printed) ends the agent quietly with that status, and any
 other failure is named in one line (rank, exit status, where its traceback is).
 A signal that stops the agent (Ctrl-C, SIGTERM) ends it without a traceback either.
+
+Everything the imports left is frozen out of the cyclic garbage collector: the agent
+creates few objects afterwards, and its exit no longer walks torch's ~300k (0.5 s).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 
@@ -29,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run torchrun with `argv`; return the job's exit status."""
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(
         _quiet_usage_exits)
+    gc.freeze()
     try:
         run(parse_args(sys.argv[1:] if argv is None else argv))
     except ChildFailedError as err:

@@ -142,3 +142,23 @@ def test_tensorboard_sink_receives_the_windows(tmp_path: Path) -> None:
     events = EventAccumulator(str(tmp_path / "toy" / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == [5, 10]
+
+
+def test_objects_frozen_while_training_and_released_after(tmp_path: Path) -> None:
+    import gc
+
+    seen: list[int] = []
+
+    def loss(out: torch.Tensor, batch: object) -> torch.Tensor:
+        seen.append(gc.get_freeze_count())
+        return toy_task.loss(out, batch)
+
+    before = gc.get_freeze_count()
+    _fit(tmp_path, _with(loss=loss))
+    # torch's import alone leaves far more than 10k objects: all frozen for the training
+    # steps (the first call is the preflight's check of the task, before training)
+    assert len(seen) > 6 and min(seen[-6:]) > before + 10_000, (before, seen)
+    assert gc.get_freeze_count() == before == 0  # fit(config=...) gives them back
+    with pytest.raises(ValueError, match="train.micro_batch"):
+        _fit(tmp_path / "bad", train={"micro_batch": 3})
+    assert gc.get_freeze_count() == 0  # and on a failure too
