@@ -57,16 +57,16 @@ class TestbedJob:
 
 
 JOBS = [
-    TestbedJob("mnist-long", MNIST, 900, "1:2", 0),
-    TestbedJob("charlm-a", CHAR, 24, "1:2", 5),
-    TestbedJob("mnist-rigid", MNIST, 250, "2", 10),
-    TestbedJob("mnist-short", MNIST, 150, "1:2", 20),
-    TestbedJob("charlm-b", CHAR, 16, "1", 30),
-    TestbedJob("mnist-mid", MNIST, 400, "1:2", 40),
-    TestbedJob("charlm-c", CHAR, 16, "1:2", 55),
-    TestbedJob("mnist-tiny", MNIST, 120, "1", 70),
+    TestbedJob("mnist-long", MNIST, 3600, "1:2", 0),
+    TestbedJob("charlm-a", CHAR, 144, "1:2", 10),
+    TestbedJob("mnist-rigid", MNIST, 1000, "2", 20),
+    TestbedJob("mnist-short", MNIST, 600, "1:2", 40),
+    TestbedJob("charlm-b", CHAR, 96, "1", 60),
+    TestbedJob("mnist-mid", MNIST, 1600, "1:2", 80),
+    TestbedJob("charlm-c", CHAR, 96, "1:2", 110),
+    TestbedJob("mnist-tiny", MNIST, 480, "1", 140),
 ]
-MIN_RUN = 30.0
+MIN_RUN = 15.0
 SERVICE_FLAGS = ("--backend", "local", "--slots", "2", "--interval", "2", "--poll", "0.3",
                  "--min-run", str(MIN_RUN))
 POLICY_FLAGS = {"tiresias": ("--las-threshold", "60")}

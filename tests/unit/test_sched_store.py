@@ -121,3 +121,33 @@ def test_failures_beyond_the_limit_fail_and_cancel_wins(tmp_path: Path) -> None:
         lifecycle.settle(sched, sched.job(other.job_id), sched.attempts(other.job_id)[0],
                          75, time.time(), 3, tmp_path / "none.txt")
         assert sched.job(other.job_id).state == "cancelled"
+
+
+def test_unresized_job_assumes_the_resizes_measured_here(tmp_path: Path) -> None:
+    from tandem.sched.local_backend import LocalBackend
+    from tandem.sched.service import Service, ServiceOptions
+    from tandem.sched.tiresias import TiresiasPolicy
+
+    path = tmp_path / "tandem.db"
+    with SchedStore(path) as sched:
+        a = sched.submit(_job(tmp_path, "a"))
+        b = sched.submit(_job(tmp_path, "b"))
+    service = Service(path, LocalBackend(slots=2), TiresiasPolicy(),
+                      ServiceOptions(restart_delay_s=15.0))
+    try:
+        before = {s.record.job_id: s.default_restart_delay for s in service.states()}
+        assert before == {a.job_id: 15.0, b.job_id: 15.0}  # nothing measured: the option
+        for attempt, delay in ((1, 3.0), (2, 5.0), (3, 7.0)):
+            service.store.record_resize({
+                "job_id": a.job_id, "attempt": attempt, "kind": "resize", "decided": 100.0,
+                "from_procs": 1, "to_procs": 2, "training_again": 100.0 + delay})
+        service.store.record_resize({  # a preemption's restart waited in the queue
+            "job_id": a.job_id, "attempt": 4, "kind": "preempt", "decided": 200.0,
+            "from_procs": 2, "to_procs": 0, "training_again": 290.0})
+        views = {s.record.job_id: s.view(service.store.epoch(), 300.0, service.cluster)
+                 for s in service.states()}
+    finally:
+        service.store.close()
+        service.runs.close()
+    assert views[a.job_id].restart_delay == 5.0  # its own resizes
+    assert views[b.job_id].restart_delay == 5.0  # the median of what was measured here

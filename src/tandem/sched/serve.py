@@ -36,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-timeout", type=float, default=120.0,
                         help="seconds a graceful stop may take before a kill (default 120)")
     parser.add_argument("--restart-delay", type=float, default=15.0,
-                        help="seconds a resize is assumed to cost a job until it has "
-                             "measured one (default 15)")
+                        help="seconds a resize is assumed to cost until one has been "
+                             "measured here (a job's own resizes, else any job's; "
+                             "default 15)")
     parser.add_argument("--max-failures", type=int, default=3,
                         help="failed attempts a job survives, resumed each time (default 3)")
     parser.add_argument("--las-threshold", type=float, default=None,

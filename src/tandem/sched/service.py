@@ -25,6 +25,7 @@ import fcntl
 import logging
 import os
 import socket
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -328,6 +329,10 @@ class Service:
     def states(self) -> list[JobState]:
         """Every active job that is not being cancelled, with what it measured."""
         delays = self._restart_delays()
+        # A job that has not been resized yet is assumed to cost what resizes of the other
+        # jobs here measured (the same machine, the same launcher); before any, the option.
+        measured = [d for job_delays in delays.values() for d in job_delays]
+        default = statistics.median(measured) if measured else self.options.restart_delay_s
         out = []
         for job in self.store.jobs(("queued", "running")):
             if job.cancel_requested:
@@ -335,7 +340,7 @@ class Service:
             out.append(JobState(record=job, attempts=self.store.attempts(job.job_id),
                                 measured=read(self.runs, job.run_name),
                                 restart_delays=delays.get(job.job_id, ()),
-                                default_restart_delay=self.options.restart_delay_s))
+                                default_restart_delay=default))
         return out
 
     def _restart_delays(self) -> dict[str, list[float]]:

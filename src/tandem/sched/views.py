@@ -34,7 +34,8 @@ class JobState:
     restart_delays: Sequence[float] = ()
     """Measured seconds from a resize decision to training again, this job's."""
     default_restart_delay: float = DEFAULT_RESTART_DELAY_S
-    """What a restart is assumed to cost before the job has measured one."""
+    """What a restart is assumed to cost before the job has measured one (the service
+    passes the median of the other jobs' measured resizes, once there are any)."""
 
     @property
     def base_batch(self) -> int | None:
