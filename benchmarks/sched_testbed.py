@@ -8,8 +8,9 @@ Printed per policy: mean job completion time, makespan, resizes and preemptions,
 latency (decision to the resumed run's 'resume' event), steps redone, and the audit of
 every job's sample ids against the global order. Then `tandem.sched.simulate` replays
 each policy on the same jobs (per-job samples/s measured at 1 and 2 processes, the
-measured start-up as restart delay, the measured teardown added to each job), and its
-mean JCT is set beside the testbed's.
+start-up measured for each kind of job, launch to its training loop's 'segment' event, as
+its restart delay, the measured teardown added to each job), and its mean JCT is set
+beside the testbed's.
 
     python benchmarks/sched_testbed.py                      # fifo, tiresias, goodput
     python benchmarks/sched_testbed.py --policies goodput --out /tmp/testbed
@@ -123,7 +124,8 @@ def collect(policy: str, store: Path, folder: Path, start: float, ids: dict[str,
     with SchedStore(store) as sched, RunStore(store) as runs:
         jobs = {j.name: j for j in sched.jobs()}
         resizes = sched.resizes()
-        per_job, starts, tails = {}, [], []
+        per_job, tails = {}, []
+        starts: dict[str, list[float]] = {}
         for job in JOBS:
             record = jobs[job.name]
             attempts = sched.attempts(record.job_id)
@@ -132,9 +134,15 @@ def collect(policy: str, store: Path, folder: Path, start: float, ids: dict[str,
             for attempt in attempts:
                 windows = [w for w in measured.windows
                            if attempt.launched <= w.time <= (attempt.ended or 1e18)]
+                began = measured.first_event("segment", attempt.launched)
+                if began and began["time"] <= (attempt.ended or 1e18):
+                    # launch to the training loop's start: the processes, imports, data,
+                    # model, restore (the first window's steps are training, not start-up)
+                    starts.setdefault(job.kind[0], []).append(
+                        began["time"] - attempt.launched)
                 if windows:
-                    starts.append(windows[0].time - attempt.launched)
-                    # the first window holds the start-up (unless it is the only one)
+                    # the first window holds the first steps (warm-up, unless it is the
+                    # only one)
                     rates.setdefault(attempt.procs, []).extend(
                         w.rate for w in windows[1:] or windows)
                     if attempt.outcome == "completed":
@@ -184,7 +192,10 @@ def predict(results: list[dict]) -> dict[str, float]:
         for name, job in result["jobs"].items():
             for procs, rate in job["rates"].items():
                 rates.setdefault(name, {}).setdefault(int(procs), []).append(rate)
-    startup = statistics.median(s for r in results for s in r["startup_s"])
+    startups: dict[str, list[float]] = {}
+    for result in results:
+        for script, values in result["startup_s"].items():
+            startups.setdefault(script, []).extend(values)
     teardown = statistics.median(t for r in results for t in r["teardown_s"])
     apps, specs = {}, []
     for job in JOBS:
@@ -201,7 +212,8 @@ def predict(results: list[dict]) -> dict[str, float]:
                  else POLICIES[result["policy"]]())
         policy = Pinned(inner, MIN_RUN)  # as the service runs it
         sim = simulate(specs, apps, policy, Cluster(nodes=1, slots_per_node=2), interval=2.0,
-                       restart_delay=startup)
+                       restart_delays={job.name: statistics.median(startups[job.kind[0]])
+                                       for job in JOBS})
         out[result["policy"]] = sim.mean_jct + teardown
     return out
 

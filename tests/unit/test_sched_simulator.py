@@ -44,6 +44,23 @@ def test_fifo_jcts_by_hand(tmp_path: Path) -> None:
     assert result.restarts == 0 and result.resizes == 0 and result.preemptions == 0
 
 
+def test_restart_delay_per_application_by_hand(tmp_path: Path) -> None:
+    toy = _toy_traces(tmp_path)
+    apps = {"toy": toy, "slow-start": toy}
+    specs = [JobSpec(job_id="a", submit_time=0.0, min_procs=2, max_procs=2, batch_size=8,
+                     application="slow-start"),
+             JobSpec(job_id="b", submit_time=10.0, min_procs=2, max_procs=2, batch_size=8,
+                     application="toy")]
+    result = simulate(specs, apps, FIFOPolicy(), Cluster(nodes=1, slots_per_node=2),
+                      interval=60.0, restart_delay=30.0, restart_delays={"slow-start": 90.0})
+    # a: 90 s start-up + 60 s training -> done at 150; b: placed at the tick t=180,
+    # 30 + 60 s -> done at 270.
+    assert result.jcts == pytest.approx({"a": 150.0, "b": 260.0})
+    with pytest.raises(ValueError, match=r"restart_delays\['toy'\]: -1.0 is not allowed"):
+        simulate(specs, apps, FIFOPolicy(), Cluster(nodes=1, slots_per_node=2),
+                 restart_delays={"toy": -1.0})
+
+
 def test_preemption_costs_a_restart_by_hand(tmp_path: Path) -> None:
     apps = {"toy": _toy_traces(tmp_path)}
     # Each job needs 30 s of restart delay and 60 s of training; 100 process-seconds

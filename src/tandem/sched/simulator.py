@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tandem.sched.cluster import Cluster, check_allocations
@@ -56,12 +56,19 @@ class SimResult:
 
 def simulate(specs: Sequence[JobSpec], apps: dict[str, TraceApplication], policy: Policy,
              cluster: Cluster, *, interval: float = 60.0, restart_delay: float = 30.0,
+             restart_delays: Mapping[str, float] | None = None,
              max_time: float = 60 * 86400.0) -> SimResult:
-    """Run every job of `specs` to completion under `policy`; raise if past `max_time`."""
+    """Run every job of `specs` to completion under `policy`; raise if past `max_time`.
+
+    Every (re)start costs `restart_delay` seconds, or the delay `restart_delays` gives
+    the job's application (start-ups measured per kind of job)."""
     if interval <= 0:
         raise ValueError(f"interval: {interval} is not allowed; need > 0")
-    if restart_delay < 0:
-        raise ValueError(f"restart_delay: {restart_delay} is not allowed; need >= 0")
+    delays = dict(restart_delays or {})
+    for name, delay in [("restart_delay", restart_delay)] + [
+            (f"restart_delays[{app!r}]", d) for app, d in delays.items()]:
+        if not delay >= 0:
+            raise ValueError(f"{name}: {delay} is not allowed; need >= 0")
     for spec in specs:
         if spec.min_procs > cluster.capacity:
             raise ValueError(f"job {spec.job_id!r}: min_procs {spec.min_procs} exceeds the "
@@ -70,7 +77,7 @@ def simulate(specs: Sequence[JobSpec], apps: dict[str, TraceApplication], policy
             raise ValueError(f"job {spec.job_id!r}: no traces for application "
                              f"{spec.application!r}; known: {sorted(apps)}")
     started = time.perf_counter()
-    jobs = [SimJob(spec, apps[spec.application], restart_delay)
+    jobs = [SimJob(spec, apps[spec.application], delays.get(spec.application, restart_delay))
             for spec in sorted(specs, key=lambda s: (s.submit_time, s.job_id))]
     now, arrived, active = 0.0, 0, []
     while arrived < len(jobs) or active:
