@@ -5,12 +5,17 @@
 
 DistributedSampler(shuffle=True, seed) re-seeded per epoch, drop_last batches, the recipe's
 lr multiplier set on every param group before each step, evaluation on a
-DistributedSampler(shuffle=False) shard with the sums all-reduced once.
+DistributedSampler(shuffle=False) shard with the sums all-reduced once. A recipe that
+averages its weights (EMA) keeps the average after every step, with tandem's warm-up of the
+decay, and evaluates it. The optimizer is the recipe's own, stepped as it is on every rank
+(Muon orthogonalises every matrix on every rank).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -38,6 +43,31 @@ def evaluate(model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
     return rc.means(names, totals)
 
 
+@torch.no_grad()
+def update_average(average: list[torch.Tensor], params: list[torch.Tensor], decay: float,
+                   updates: int) -> None:
+    """average <- d * average + (1 - d) * params, d = min(decay, (1 + n) / (10 + n)) for
+    update number n (0-based)."""
+    d = min(decay, (1 + updates) / (10 + updates))
+    torch._foreach_lerp_(average, [p.detach() for p in params], 1.0 - d)
+
+
+@contextlib.contextmanager
+def swapped(params: list[torch.Tensor], average: list[torch.Tensor] | None) -> Iterator[None]:
+    """Inside: the parameters hold their average (when the recipe keeps one)."""
+    if average is None:
+        yield
+        return
+    with torch.no_grad():
+        kept = [p.detach().clone() for p in params]
+        torch._foreach_copy_(params, average)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            torch._foreach_copy_(params, kept)
+
+
 def main() -> None:
     args = rc.parse_args()
     rc.limit_threads()
@@ -56,6 +86,8 @@ def main() -> None:
                         drop_last=True)
     eval_loader = DataLoader(eval_set, batch_size=r.eval_batch,
                              sampler=DistributedSampler(eval_set, world, rank, shuffle=False))
+    params = [p for p in model.parameters() if p.requires_grad]
+    average = [p.detach().clone() for p in params] if r.ema_decay else None
     evals: list[dict[str, float]] = []
     step, epoch = 0, 0
     while step < r.steps:
@@ -71,9 +103,12 @@ def main() -> None:
             if r.grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), r.grad_clip)
             optimizer.step()
+            if average is not None:
+                update_average(average, params, r.ema_decay, step)
             step += 1
             if r.evaluates_at(step):
-                evals.append({"step": step, **evaluate(model.module, eval_loader)})
+                with swapped(params, average):
+                    evals.append({"step": step, **evaluate(model.module, eval_loader)})
             if step == r.steps:
                 break
     rc.write_result(args.out, rank, log, evals, steps=step, epochs=epoch)

@@ -59,6 +59,7 @@ def settings(r: rc.Recipe, seed: int, run_dir: Path) -> dict[str, Any]:
         "optim.schedule": r.schedule,
         "optim.warmup_steps": r.warmup,
         "optim.min_lr_ratio": r.min_lr_ratio,
+        "train.ema_decay": r.ema_decay,
         "run.seed": seed,
         "run.dir": str(run_dir),
         "run.name": "peer",

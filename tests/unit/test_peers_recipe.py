@@ -105,3 +105,38 @@ def test_targets_compare_at_six_decimals() -> None:
     assert target.met({"accuracy": float(torch.tensor(470 / 500, dtype=torch.float32))})
     assert not target.met({"accuracy": 0.939})
     assert rc.Target("loss", "<=", 2.3).met({"loss": 2.3000000001})
+
+
+def test_muon_recipe_is_the_examples_default() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+    import mnist1d_cnn
+
+    r = rc.recipe("mnist1d_muon")
+    example = mnist1d_cnn.RECIPE
+    assert (r.steps, r.global_batch, r.eval_every, r.eval_batch, r.warmup, r.ema_decay) == (
+        example["train.steps"], example["train.global_batch"], example["train.eval_every"],
+        example["train.eval_batch"], example["optim.warmup_steps"], example["train.ema_decay"])
+    assert r.schedule == example["optim.schedule"]
+    assert r.optimizer is mnist1d_cnn.task.optimizer
+    with pytest.raises(SystemExit, match="does not implement"):
+        rc.without_average(r, "accelerate_loop.py")
+
+
+def test_hand_written_average_is_tandems() -> None:
+    import ddp_loop
+
+    from tandem.trainer.ema import WeightAverage
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    params = list(model.parameters())
+    ours = [p.detach().clone() for p in params]
+    theirs = WeightAverage(model, 0.9)
+    for n in range(15):
+        with torch.no_grad():
+            for p in params:
+                p.add_(torch.randn_like(p))
+        ddp_loop.update_average(ours, params, 0.9, n)
+        theirs.update()
+    for mine, ref in zip(ours, theirs.average.values(), strict=True):
+        torch.testing.assert_close(mine, ref, rtol=0, atol=1e-6)
