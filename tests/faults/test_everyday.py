@@ -76,13 +76,18 @@ def test_ctrl_c_commits_at_a_step_boundary_and_the_rerun_continues(tmp_path: Pat
 
 @pytest.mark.timeout(240)
 def test_a_second_ctrl_c_stops_at_once_and_leaves_the_checkpoints_good(tmp_path: Path) -> None:
-    job = _start(jobs.command("twice"), tmp_path, SLOW)
+    # Every save after step 5 takes 20 s to write, so the second press lands while the
+    # first press's checkpoint is still being written: a stop that waited for it would
+    # outlast the 10 s allowed below.
+    stuck_save = [{"rank": "*", "step": s, "phase": "checkpoint_write", "kind": "slow",
+                   "seconds": 20.0} for s in range(6, 40)]
+    job = _start(jobs.command("twice"), tmp_path, SLOW + stuck_save)
     try:
         _wait_for(tmp_path / "runs" / "twice" / "checkpoints" / "step_000000005", "step 5")
         job.send_signal(signal.SIGINT)
         time.sleep(1.5)  # a second, separate press
         job.send_signal(signal.SIGINT)
-        _, err = job.communicate(timeout=60)
+        _, err = job.communicate(timeout=10)
     finally:
         if job.poll() is None:
             kill_tree(job)
