@@ -77,6 +77,22 @@ def test_view_and_batch_choice(tmp_path: Path) -> None:
     assert GoodputPolicy().allocate([view], cluster, 300.0)["j1"]
 
 
+def test_a_run_counts_as_training_from_its_segment_event(tmp_path: Path) -> None:
+    cluster = Cluster(nodes=1, slots_per_node=4)
+    record = JobRecord(job_id="j1", name="job", script="t.py", cwd=".", min_procs=1,
+                       max_procs=4, run_name="job-j1", state="running", procs=2,
+                       submitted=T0 - 10)
+    epoch = T0 - 100
+    with _store(tmp_path) as store:
+        windows_only = JobState(record=record, attempts=_attempts(),
+                                measured=read(store, "job-j1"))
+        # attempt 2 launched at T0 + 120, its first window at T0 + 140
+        assert windows_only.view(epoch, T0 + 200, cluster).running_since == 240.0
+        store.log_events("job-r", [(40, -1, "segment", "training", None, None, T0 + 126)])
+        segment = JobState(record=record, attempts=_attempts(), measured=read(store, "job-j1"))
+    assert segment.view(epoch, T0 + 200, cluster).running_since == 226.0
+
+
 def test_resize_record_from_the_store(tmp_path: Path) -> None:
     row = {"job_id": "j1", "attempt": 1, "kind": "resize", "decided": T0 + 95,
            "from_procs": 1, "to_procs": 2, "from_batch": None, "to_batch": None}

@@ -4,7 +4,12 @@ Each call works in three passes over the active jobs:
 
 1. Admission, least attained service first (higher `priority` before that): each job gets
    its minimum size while slots last. When jobs outnumber slots this is LAS, which keeps
-   short jobs short.
+   short jobs short. Attained service (process-seconds) counts in bands that double from
+   `las_band` (below it, below twice it, below four times it, ...), and inside a band the
+   job submitted first goes first, as Tiresias discretises LAS: with the service compared
+   exactly, two jobs whose services cross swap places at every decision and each swap pays
+   a restart; with bands a job is displaced only by one with less than about half its
+   service.
 2. Growth: the remaining slots go, one upgrade at a time, to the job whose fair utility
    rises most per slot. A job's speedup at size r is its predicted goodput at r (best
    batch, packed placement) over its goodput at the fair share (slots / jobs); utility is
@@ -32,6 +37,7 @@ the shipped Pollux workloads at 1.0x load (docs/benchmarks.md says how much they
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,6 +65,9 @@ class GoodputPolicy:
     horizon_max: float = 180.0
     """Longest horizon (seconds) over which a resize's gain is collected: in a busy
     cluster allocations change again within a few scheduling intervals."""
+    las_band: float = 60.0
+    """Process-seconds of attained service in the first admission band; each further
+    band is twice as wide as all before it."""
     name: str = "goodput"
 
     def __post_init__(self) -> None:
@@ -69,6 +78,9 @@ class GoodputPolicy:
         if not 0 < self.horizon_min <= self.horizon_max:
             raise ValueError(f"horizon_min, horizon_max: {self.horizon_min}, "
                              f"{self.horizon_max}; need 0 < horizon_min <= horizon_max")
+        if not self.las_band > 0:
+            raise ValueError(f"las_band: {self.las_band} is not allowed; need > 0 "
+                             "process-seconds")
 
     def allocate(self, jobs: Sequence[JobView], cluster: Cluster, now: float) -> Allocations:
         """Sizes by admission and fair goodput growth, then placements (see the module doc)."""
@@ -128,10 +140,17 @@ class GoodputPolicy:
             return 1.0
         return model.best(nodes, job.size).goodput / model.best(packed, job.size).goodput
 
+    def band(self, service: float) -> int:
+        """Admission band of an attained service: 0 below `las_band`, then k while below
+        las_band * 2**k."""
+        if service < self.las_band:
+            return 0
+        return 1 + int(math.floor(math.log2(service / self.las_band)))
+
     def _admit(self, jobs: Sequence[JobView], capacity: int) -> list[int]:
         order = sorted(range(len(jobs)), key=lambda i: (
-            -jobs[i].spec.priority, jobs[i].attained_service, jobs[i].spec.submit_time,
-            jobs[i].job_id))
+            -jobs[i].spec.priority, self.band(jobs[i].attained_service),
+            jobs[i].spec.submit_time, jobs[i].job_id))
         sizes = [0] * len(jobs)
         free = capacity
         for i in order:

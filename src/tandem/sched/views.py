@@ -85,13 +85,18 @@ class JobState:
 
 
     def running_since(self, epoch: float, now: float) -> float | None:
-        """When the current attempt started training (schedule clock): its first window;
-        `now` for a running attempt that has not trained yet; None when nothing runs."""
+        """When the current attempt started training (schedule clock): its training loop's
+        'segment' event (the moment the simulator's restart delay ends), else its first
+        window; `now` for a running attempt that has not trained yet; None when nothing
+        runs."""
         if self.record.state not in ("running", "stopping"):
             return None
         current = [a for a in self.attempts if a.ended is None]
         if not current:
             return None
+        began = self.measured.first_event("segment", current[-1].launched)
+        if began is not None:
+            return began["time"] - epoch
         window = self.measured.first_window(current[-1].launched)
         return (window.time if window is not None else now) - epoch
 
