@@ -105,7 +105,9 @@ def _muon_shared(rank: int, world: int, out: str) -> None:
         gen = torch.Generator().manual_seed(5)
         shapes = [(16, 40), (40, 16), (8, 3, 5), (24, 24), (6,)]
         start = [torch.randn(*s, generator=gen) for s in shapes]
-        grads = [[torch.randn(*s, generator=gen) for s in shapes] for _ in range(3)]
+        # steps 1-4 orthogonalise alone, 5-8 shared (both timed), then the faster way
+        steps = 2 * Muon.TRIAL_STEPS + 2
+        grads = [[torch.randn(*s, generator=gen) for s in shapes] for _ in range(steps)]
         results = []
         for share in (False, True):
             params = [torch.nn.Parameter(w.clone()) for w in start]
@@ -118,8 +120,11 @@ def _muon_shared(rank: int, world: int, out: str) -> None:
                     p.grad = g.clone()
                 opt.step()
             results.append([p.detach() for p in params])
+        decided = [None] * world
+        dist.all_gather_object(decided, (opt.shares_work, opt.sharing_timed))
         if rank == 0:
-            torch.save({"alone": results[0], "shared": results[1]}, Path(out, "muon.pt"))
+            torch.save({"alone": results[0], "shared": results[1], "decided": decided},
+                       Path(out, "muon.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -127,6 +132,10 @@ def _muon_shared(rank: int, world: int, out: str) -> None:
 @pytest.mark.timeout(160)
 def test_muon_shared_over_two_ranks_equals_each_rank_alone(tmp_path: Path) -> None:
     run_ranks(_muon_shared, 2, str(tmp_path), timeout=150)
-    got = torch.load(tmp_path / "muon.pt", weights_only=True)
+    got = torch.load(tmp_path / "muon.pt", weights_only=False)
     for alone, shared in zip(got["alone"], got["shared"], strict=True):
         assert torch.equal(alone, shared)
+    # both processes timed both ways and took the same, faster one
+    (share0, timed0), (share1, timed1) = got["decided"]
+    assert timed0 is not None and timed0 == timed1 and share0 == share1
+    assert share0 == (timed0[1] < timed0[0])

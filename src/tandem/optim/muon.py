@@ -4,6 +4,8 @@ modded-nanogpt and airbench speedruns)."""
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -12,6 +14,8 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from tandem.optim.layerwise import check_range
+
+log = logging.getLogger(__name__)
 
 # The quintic's coefficients, chosen to push every singular value of the normalised
 # matrix towards 1 in few steps (they land in about [0.7, 1.2], not exactly 1).
@@ -80,8 +84,14 @@ class Muon(Optimizer):
 
     The orthogonalisations are most of Muon's cost. Where every process holds the same
     replica and steps with it (DDP), tandem calls `share_work`: each process then
-    orthogonalises its share of the matrices and one all-gather hands out the rest.
+    orthogonalises its share of the matrices and one all-gather hands out the rest. For
+    small matrices the all-gather costs more than it saves, so the first steps time both
+    ways (`TRIAL_STEPS` each, alone first) and the processes keep the faster one, agreed
+    by one all-reduce; the update is the same either way.
     """
+
+    TRIAL_STEPS = 4
+    """Steps timed each way (the fastest of each counts) before sharing is decided."""
 
     def __init__(self, params: Iterable[Any], lr: float = 0.02, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, weight_decay: float = 0.0,
@@ -108,12 +118,22 @@ class Muon(Optimizer):
                 group.pop("momentum", None)  # an AdamW group: its momentum is betas[0]
         self._group: dist.ProcessGroup | None = None
         self._sharing = False
+        self._trial: list[list[float]] | None = None
+        self.sharing_timed: tuple[float, float] | None = None
+        """Seconds a step's orthogonalisations took (alone, shared), the slowest process's
+        fastest step each way, once sharing has been decided."""
 
     def share_work(self, group: dist.ProcessGroup | None) -> None:
         """Split the orthogonalisations of plain (replicated) parameters over the processes
-        of `group` (None: the default group). Only where every process of the group holds
-        the same parameters and gradients at every step; every process must call `step`."""
-        self._group, self._sharing = group, True
+        of `group` (None: the default group) where that is measured to be faster. Only where
+        every process of the group holds the same parameters and gradients at every step;
+        every process must call `step`."""
+        self._group, self._sharing, self._trial = group, False, [[], []]
+
+    @property
+    def shares_work(self) -> bool:
+        """Whether the orthogonalisations are split over the processes now."""
+        return self._sharing
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -157,8 +177,29 @@ class Muon(Optimizer):
         param.add_(step, alpha=-group["lr"] * max(1.0, rows / cols) ** 0.5)
 
     def _orthogonalize_all(self, work: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
-        """`orthogonalize` of each (direction, steps), shared over the group if asked to."""
-        world = dist.get_world_size(self._group) if self._sharing else 1
+        """`orthogonalize` of each (direction, steps), shared over the group if faster."""
+        if self._trial is None or not work:
+            return self._orthogonalize(work, self._sharing)
+        alone, shared = self._trial
+        share = len(alone) >= self.TRIAL_STEPS
+        started = time.perf_counter()
+        out = self._orthogonalize(work, share)
+        (shared if share else alone).append(time.perf_counter() - started)
+        if len(shared) == self.TRIAL_STEPS:
+            timed = torch.tensor([min(alone), min(shared)], dtype=torch.float64)
+            dist.all_reduce(timed, op=dist.ReduceOp.MAX, group=self._group)
+            self.sharing_timed = (float(timed[0]), float(timed[1]))
+            self._sharing, self._trial = self.sharing_timed[1] < self.sharing_timed[0], None
+            log.info("Muon: orthogonalisations %s (a step's took %.2f ms alone, %.2f ms "
+                     "shared over %d processes)",
+                     "shared" if self._sharing else "on every process",
+                     1e3 * self.sharing_timed[0], 1e3 * self.sharing_timed[1],
+                     dist.get_world_size(self._group))
+        return out
+
+    def _orthogonalize(self, work: list[tuple[torch.Tensor, int]],
+                       share: bool) -> list[torch.Tensor]:
+        world = dist.get_world_size(self._group) if share else 1
         if world == 1 or not work:
             return [orthogonalize(d, steps) for d, steps in work]
         owner = _balance([d.numel() for d, _ in work], world)
