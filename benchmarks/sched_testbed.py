@@ -57,7 +57,7 @@ class TestbedJob:
     """Seconds after the start at which the job is submitted."""
 
 
-JOBS = [  # chosen by simulating perturbed candidates to exercise resizes (docs/benchmarks.md)
+JOBS = [  # how this mix was chosen: benchmarks/sched_testbed_mix.py
     TestbedJob("mnist-long", MNIST, 3600, "1:2", 0),
     TestbedJob("charlm-a", CHAR, 144, "1:2", 10),
     TestbedJob("mnist-rigid", MNIST, 1000, "2", 20),

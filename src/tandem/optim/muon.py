@@ -132,7 +132,8 @@ class Muon(Optimizer):
 
     @property
     def shares_work(self) -> bool:
-        """Whether the orthogonalisations are split over the processes now."""
+        """Whether the orthogonalisations are split over the processes (False until the
+        first steps have timed both ways)."""
         return self._sharing
 
     @torch.no_grad()
