@@ -1,4 +1,9 @@
-"""`tandem run`: turn launcher flags into a torchrun invocation."""
+"""`tandem run`: turn launcher flags into the command that starts the workers.
+
+On one node (the default) that is tandem's own agent (`tandem/local_agent.py`), which
+starts the workers without importing torch first; across nodes, or with
+`--launcher torchrun`, it is torchrun's agent (`tandem.agent`).
+"""
 
 from __future__ import annotations
 
@@ -38,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "endpoint's address")
     parser.add_argument("--local-addr", default=None,
                         help="this node's address as the other nodes reach it")
+    parser.add_argument("--launcher", choices=("auto", "torchrun"), default="auto",
+                        help="what starts the workers: 'auto' (tandem's own agent on one "
+                             "node with a numeric --nproc-per-node, torchrun's otherwise) "
+                             "or 'torchrun' always")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="times the group is restarted after a worker fails")
     parser.add_argument("--monitor-interval", default=None,
@@ -61,14 +70,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the script's own flags (--section.field VALUE ...)")
 
 
-def torchrun_command(ns: argparse.Namespace) -> list[str]:
-    """The torchrun command line that runs the script as `ns` describes."""
+def _check(ns: argparse.Namespace) -> None:
     if ns.max_restarts < 0:
         raise ValueError(f"--max-restarts: {ns.max_restarts} must be >= 0")
     if not os.path.isfile(ns.script):
         raise ValueError(f"script {ns.script!r} does not exist")
     if getattr(ns, "plan", None) and not os.path.isfile(ns.plan):
         raise ValueError(f"--plan {ns.plan!r} does not exist")
+
+
+def uses_local_agent(ns: argparse.Namespace) -> bool:
+    """Whether tandem's own agent starts the workers: one node, no rendezvous endpoint,
+    a number of processes (not 'cpu'/'gpu'/'auto', which need torch to resolve)."""
+    return (getattr(ns, "launcher", "auto") == "auto" and str(ns.nnodes) == "1"
+            and ns.rdzv_endpoint is None and str(ns.nproc_per_node).isdigit())
+
+
+def launch_command(ns: argparse.Namespace) -> list[str]:
+    """The command line that runs the script as `ns` describes."""
+    if not uses_local_agent(ns):
+        return torchrun_command(ns)
+    _check(ns)
+    nproc = int(ns.nproc_per_node)
+    if nproc < 1:
+        raise ValueError(f"--nproc-per-node: {nproc} must be >= 1")
+    from tandem import local_agent
+
+    cmd = [sys.executable, str(Path(local_agent.__file__).resolve()),
+           f"--nproc-per-node={nproc}", f"--max-restarts={ns.max_restarts}"]
+    if ns.monitor_interval is not None:
+        cmd.append(f"--monitor-interval={ns.monitor_interval}")
+    worker = [sys.executable, "-u"]
+    if getattr(ns, "observe", False):
+        worker += ["-m", "tandem.observe"]
+    return [*cmd, "--", *worker, ns.script, *ns.args]
+
+
+def torchrun_command(ns: argparse.Namespace) -> list[str]:
+    """The torchrun command line that runs the script as `ns` describes."""
+    _check(ns)
     cmd = [sys.executable, "-m", "tandem.agent",
            f"--nproc-per-node={ns.nproc_per_node}", f"--max-restarts={ns.max_restarts}"]
     single_node = str(ns.nnodes) == "1"
@@ -104,7 +144,7 @@ def launch(ns: argparse.Namespace) -> int:
     second Ctrl-C kills the job at once (committed checkpoints stay intact). A usage
     error exits 2 with the worker's one-line message only.
     """
-    cmd = torchrun_command(ns)
+    cmd = launch_command(ns)
     from tandem.dashboard.command import beside_run
 
     dashboard = beside_run(ns)

@@ -8,6 +8,7 @@ import hashlib
 import logging
 import os
 import random
+import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -90,13 +91,15 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
     key = (host, port, world_size, rank, agent_store)
     store = _STORES.get(key)
     if store is None:
+        is_master = (not agent_store) and rank == 0
         store = _STORES[key] = dist.TCPStore(
             host_name=host,
             port=port,
             world_size=world_size,
-            is_master=(not agent_store) and rank == 0,
+            is_master=is_master,
             timeout=timeout,
             wait_for_workers=False,
+            **_loopback_listener(host, port, is_master),
         )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     # A process may also run several groups one after another (fit called twice): each
@@ -104,6 +107,25 @@ def _attempt_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store
     global _GROUPS_STARTED
     _GROUPS_STARTED += 1
     return dist.PrefixStore(f"tandem/attempt{attempt}/group{_GROUPS_STARTED}", store)
+
+
+def _loopback_listener(host: str, port: int, is_master: bool) -> dict[str, int]:
+    """A loopback store's server socket, bound to the loopback address only.
+
+    TCPStore's server listens on every interface whatever its host name; a one-node
+    group (MASTER_ADDR 127.x, as tandem's own agent sets it) needs no other, so rank 0
+    binds the socket itself and hands it over. Other groups keep TCPStore's own.
+    """
+    if not (is_master and host.startswith("127.")):
+        return {}
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return {"master_listen_fd": sock.detach()}
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
