@@ -17,9 +17,10 @@ from tandem.sched.views import JobState, choose_batch
 T0 = 1_000_000.0
 
 
-def _store(tmp: Path, noise: float | None = None) -> RunStore:
+def _store(tmp: Path, noise: float | None = None, steps: int | None = None) -> RunStore:
     store = RunStore(tmp / "tandem.db")
-    store.start_run("job-r", "job-j1", {"train": {"global_batch": 64}}, {}, {})
+    train = {"global_batch": 64} if steps is None else {"global_batch": 64, "steps": steps}
+    store.start_run("job-r", "job-j1", {"train": train}, {}, {})
     rows = []
     # attempt 1 (1 process, t 0..100): 100, 110, 112, 108 samples/s; attempt 2 (2
     # processes, t 120..): 190, 210, 200. The first window of each is start-up.
@@ -75,6 +76,24 @@ def test_view_and_batch_choice(tmp_path: Path) -> None:
     # A huge noise scale makes a larger batch almost free of statistical cost.
     assert batch is not None and batch > 64 and batch % 4 == 0
     assert GoodputPolicy().allocate([view], cluster, 300.0)["j1"]
+
+
+def test_progress_is_the_latest_step_over_the_steps_asked_for(tmp_path: Path) -> None:
+    cluster = Cluster(nodes=1, slots_per_node=4)
+    record = JobRecord(job_id="j1", name="job", script="t.py", cwd=".", min_procs=1,
+                       max_procs=4, run_name="job-j1", state="running", procs=2,
+                       submitted=T0 - 10)
+    with _store(tmp_path) as store:
+        unknown = JobState(record=record, attempts=_attempts(), measured=read(store, "job-j1"))
+    assert unknown.view(T0 - 100, T0 + 200, cluster).progress == 0.0
+    assert unknown.view(T0 - 100, T0 + 200, cluster).remaining() is None
+    (tmp_path / "s").mkdir()
+    with _store(tmp_path / "s", steps=80) as store:
+        known = JobState(record=record, attempts=_attempts(), measured=read(store, "job-j1"))
+    view = known.view(T0 - 100, T0 + 200, cluster)
+    assert view.progress == pytest.approx(70 / 80)  # the latest window is step 70
+    # 260 process-seconds on 2 processes, 1/8 of the work left for 7/8 done
+    assert view.remaining() == pytest.approx(260 / 2 * (10 / 80) / (70 / 80))
 
 
 def test_a_run_counts_as_training_from_its_segment_event(tmp_path: Path) -> None:

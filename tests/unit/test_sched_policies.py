@@ -153,6 +153,25 @@ def test_goodput_admits_by_bands_of_attained_service() -> None:
     assert policy.allocate([older, fresh], cluster, 200.0) == {"fresh": (0,)}
 
 
+def test_goodput_does_not_preempt_a_job_with_less_left_than_a_restart() -> None:
+    policy = GoodputPolicy(las_band=60.0)
+    cluster = Cluster(nodes=1, slots_per_node=1)
+    spec = JobSpec(job_id="old", submit_time=0.0, min_procs=1, max_procs=1)
+    fresh = rigid("fresh", 9.0, 1, service=0.0)
+
+    def old(progress: float) -> JobView:
+        return JobView(spec=spec, placement=(0,), attained_service=130.0, started=True,
+                       restart_delay=5.0, progress=progress)
+
+    # 130 s done at 98%: 130 * 0.02 / 0.98 = 2.65 s left, less than its 5 s restart
+    assert old(0.98).remaining() == pytest.approx(130 * 0.02 / 0.98)
+    assert policy.allocate([old(0.98), fresh], cluster, 200.0) == {"old": (0,)}
+    # at 90% it has 14.4 s left: LAS's bands decide, and the fresh job takes the slot
+    assert policy.allocate([old(0.90), fresh], cluster, 200.0) == {"fresh": (0,)}
+    # progress unknown: as before, by bands
+    assert policy.allocate([old(0.0), fresh], cluster, 200.0) == {"fresh": (0,)}
+
+
 def test_goodput_admission_does_not_swap_jobs_whose_services_cross() -> None:
     # Two equal rigid jobs share one slot, decided every 2 s with nothing pinned: compared
     # exactly, their services keep crossing (16-18 swaps with las_band 1 s or less); in
@@ -183,3 +202,17 @@ def test_policies_are_pure_and_deterministic() -> None:
         again = policy.allocate(list(views), cluster, 500.0)
         assert first == again
     assert [j.__dict__ for j in jobs] == before
+
+
+def test_goodput_keeps_the_size_of_a_job_that_no_resize_pays_for() -> None:
+    # An elastic job whose restarts cost more than any horizon (keep() is 0) holds 2 of 4
+    # slots and may grow to 4: admission gives it 1, growth must give its 2 back, not
+    # stop at sizes whose utility is -inf on both sides.
+    policy = GoodputPolicy()
+    cluster = Cluster(nodes=1, slots_per_node=4)
+    job = elastic("near", _model(0.01), size=2)
+    near = JobView(spec=job.spec, placement=(0, 0), attained_service=200.0, started=True,
+                   restart_delay=600.0, throughput=job.throughput,
+                   efficiency=job.efficiency, max_measured_procs=2)
+    assert policy.keep(near, 500.0) == 0.0
+    assert policy.allocate([near], cluster, 500.0) == {"near": (0, 0)}

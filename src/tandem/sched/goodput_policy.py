@@ -9,7 +9,9 @@ Each call works in three passes over the active jobs:
    job submitted first goes first, as Tiresias discretises LAS: with the service compared
    exactly, two jobs whose services cross swap places at every decision and each swap pays
    a restart; with bands a job is displaced only by one with less than about half its
-   service.
+   service. A running job with less left than a restart costs it (from its progress,
+   when known) comes before every band: preempting it would cost it more than the job
+   taking its slots could gain.
 2. Growth: the remaining slots go, one upgrade at a time, to the job whose fair utility
    rises most per slot. A job's speedup at size r is its predicted goodput at r (best
    batch, packed placement) over its goodput at the fair share (slots / jobs); utility is
@@ -131,6 +133,14 @@ class GoodputPolicy:
         horizon = min(max(job.age(now), self.horizon_min), self.horizon_max)
         return max(horizon - job.restart_delay, 0.0) / horizon
 
+    @staticmethod
+    def finishing(job: JobView) -> bool:
+        """Whether a running job has less left than a restart would cost it: preempting
+        it then loses more (its restart) than the job that takes its slots can gain (the
+        time until it ends)."""
+        left = job.remaining()
+        return left is not None and left <= job.restart_delay
+
     def _spread_loss(self, job: JobView, cluster: Cluster) -> float:
         """Goodput on the job's actual nodes over goodput packed on the fewest nodes."""
         model = _model(job)
@@ -149,7 +159,8 @@ class GoodputPolicy:
 
     def _admit(self, jobs: Sequence[JobView], capacity: int) -> list[int]:
         order = sorted(range(len(jobs)), key=lambda i: (
-            -jobs[i].spec.priority, self.band(jobs[i].attained_service),
+            -jobs[i].spec.priority, not self.finishing(jobs[i]),
+            self.band(jobs[i].attained_service),
             jobs[i].spec.submit_time, jobs[i].job_id))
         sizes = [0] * len(jobs)
         free = capacity
@@ -169,7 +180,10 @@ class GoodputPolicy:
             if cur == 0 or cur + 1 >= len(value) or free <= 0:
                 return
             ahead = value[cur + 1:min(len(value), cur + free + 1)]
-            gain = (ahead - value[cur]) / np.arange(1, len(ahead) + 1)
+            with np.errstate(invalid="ignore"):
+                gain = (ahead - value[cur]) / np.arange(1, len(ahead) + 1)
+            # -inf - -inf (sizes out of reach, from a size out of reach) gains nothing
+            gain[np.isnan(gain)] = -np.inf
             best = int(np.argmax(gain))
             if gain[best] > 1e-12:
                 heapq.heappush(heap, (-float(gain[best]), i, cur, cur + best + 1))

@@ -93,7 +93,8 @@ class JobView:
     restart_delay: float = 30.0
     """Measured seconds a restart costs this job (stop, relaunch, resume to first step)."""
     progress: float = 0.0
-    """Fraction of the job done, when known (0 when not); informational."""
+    """Fraction of the job done, when known (0 when not): its steps so far over the steps
+    it was asked for (the simulator: its progress over the trace's)."""
     throughput: ThroughputModel | None = None
     """Step-time model fitted to the job's own measurements; None before any."""
     efficiency: EfficiencyModel | None = None
@@ -117,3 +118,12 @@ class JobView:
     def age(self, now: float) -> float:
         """Seconds since submission."""
         return max(0.0, now - self.spec.submit_time)
+
+    def remaining(self) -> float | None:
+        """Estimated seconds left to a running job at its current size: its service so
+        far per process times (1 - progress) / progress. None when the job holds nothing
+        or its progress is unknown. Exact for a job that ran at one size at a steady rate;
+        restart delays in the service lengthen it, earlier sizes bend it either way."""
+        if not self.size or not 0.0 < self.progress <= 1.0:
+            return None
+        return self.attained_service / self.size * (1.0 - self.progress) / self.progress

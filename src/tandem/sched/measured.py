@@ -58,6 +58,16 @@ class Measured:
         steps = [w.step for w in self.windows] + [int(e["step"]) for e in self.events]
         return max(steps, default=0)
 
+    @property
+    def progress(self) -> float:
+        """Steps done over the steps the run was asked for (its config's train.steps);
+        0 when either is unknown. A run that stops early at its target is further along
+        than this says."""
+        steps = self.config.get("train", {}).get("steps")
+        if not steps or int(steps) <= 0:
+            return 0.0
+        return min(1.0, self.last_step / int(steps))
+
     def latest_rate(self) -> float | None:
         """samples/s of the latest window."""
         return self.windows[-1].rate if self.windows else None

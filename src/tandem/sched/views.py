@@ -78,6 +78,7 @@ class JobState:
             running_since=self.running_since(epoch, now),
             attained_service=sum(a.held(now) for a in self.attempts),
             started=bool(self.attempts), restarts=max(0, len(self.attempts) - 1),
+            progress=self.measured.progress,
             restart_delay=statistics.median(delays) if delays else self.default_restart_delay,
             throughput=throughput_model(rates, cluster.slots_per_node),
             efficiency=self.measured.efficiency(base) if rates else None,
