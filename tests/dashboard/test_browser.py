@@ -223,6 +223,23 @@ def test_tuner_page_shows_trials_intervals_and_decision(store: Path, serve, page
     assert "floor 1.17x" in page.inner_text("#intervals")
 
 
+def test_tuner_page_without_a_session_waits_for_one(tmp_path: Path, serve, page) -> None:
+    path = tmp_path / "tandem.db"
+    with RunStore(path) as s:
+        s.start_run("plain-1", "plain", {}, {"strategy": "single"}, {"world_size": 1})
+    open_page(page, serve(path).url("/tuner", local=True))
+    assert "no tune session" in page.inner_text("#head")
+    assert page.eval_on_selector_all("h2", "hs => hs.filter(h => h.offsetParent).length") == 0
+    page.wait_for_function("document.getElementById('live').textContent === 'live'")
+    with RunStore(path) as s:
+        s.start_run("tune-2", "tune-late", {"tune": {"min_gain": 0.05}}, {}, {})
+        s.log_trial("tune-2", "00", {}, "measured", {"label": "baseline",
+                                                    "kind": "baseline"}, "baseline")
+    wait_for(lambda: "tune-late" in page.inner_text("#head"), LIVE_DEADLINE_S,
+             "the new session on the tuner page")
+    assert page.query_selector("tr[data-trial='00']") is not None
+
+
 @pytest.mark.timeout(60)
 def test_token_guards_the_browser_off_loopback(store: Path, serve, browser) -> None:
     server = serve(store, host="0.0.0.0")

@@ -12,7 +12,9 @@
   }
   select.addEventListener("change", () => { location.href = `/tuner?session=${encodeURIComponent(select.value)}`; });
   if (!d.session) {
-    document.getElementById("head").append(T.el("p", { class: "muted", text: "no tune session in this store (tandem tune records one)" }));
+    document.getElementById("head").append(T.el("p", { class: "muted", text: "no tune session in this store yet (tandem tune records one; it appears here when it starts)" }));
+    for (const id of ["decision", "intervals", "trials"]) document.getElementById(id).previousElementSibling.hidden = true;
+    T.stream("/tuner", d.cursor, () => location.reload());
     T.ready(); return;
   }
   const trials = new Map(d.trials.map((t) => [t.trial_id, t]));
