@@ -61,11 +61,10 @@ def main() -> None:
     for i, what in enumerate(("start-up", "total")):
         mine = statistics.median(f[i] for f in ours)
         base = statistics.median(f[i] for f in theirs)
-        saved = statistics.median(t[i] - o[i] for o, t in zip(ours, theirs))
+        saved = [t[i] - o[i] for o, t in zip(ours, theirs, strict=True)]
         print(f"{what:<9} median: tandem's agent {mine:.2f} s, torchrun's {base:.2f} s; "
-              f"per pair torchrun's minus tandem's: median {saved:.2f} s "
-              f"(range {min(t[i] - o[i] for o, t in zip(ours, theirs)):.2f} .. "
-              f"{max(t[i] - o[i] for o, t in zip(ours, theirs)):.2f})")
+              f"per pair torchrun's minus tandem's: median {statistics.median(saved):.2f} s "
+              f"(range {min(saved):.2f} .. {max(saved):.2f})")
 
 
 if __name__ == "__main__":
