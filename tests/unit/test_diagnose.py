@@ -283,3 +283,45 @@ def test_batch_scaling_reads_the_noise_scale_against_the_batch(noise: float,
     # a run without the metric says nothing about it
     assert "batch-scaling" not in _kinds(diagnose(rows[:-30], config={"train": {
         "global_batch": batch}}))
+
+
+def _memorising(spike_to: float, grad_spike: float | None = None) -> list[dict[str, Any]]:
+    """Loss from 2.3 down to ~1e-3 over 40 windows, one window lifted to `spike_to`."""
+    rows = []
+    for i in range(40):
+        loss = 2.3 * 0.8 ** i
+        grad = 1.5 * 0.85 ** i
+        if i == 30:
+            loss = spike_to
+            grad = grad_spike if grad_spike is not None else grad
+        rows += [{"step": 10 * (i + 1), "rank": -1, "name": "loss", "value": loss, "time": i},
+                 {"step": 10 * (i + 1), "rank": -1, "name": "grad_norm", "value": grad,
+                  "time": i}]
+    return rows
+
+
+def test_outliers_small_on_the_runs_own_scale_are_not_instability() -> None:
+    # 0.1 is 4.3% of the starting 2.3 (the largest of the first three windows): small
+    found = _only(diagnose(_memorising(spike_to=0.1)), "outliers")
+    assert "unstable" not in _kinds(diagnose(_memorising(spike_to=0.1)))
+    assert found.severity == "info" and found.evidence["spike_steps"] == [310]
+    assert found.evidence["start_loss"] == pytest.approx(2.3)
+    # 0.2 is 8.7% of it: a material spike, an instability as before
+    assert _only(diagnose(_memorising(spike_to=0.2)), "unstable").evidence[
+        "spike_steps"] == [310]
+
+
+def test_detector_events_are_judged_on_the_starting_scale() -> None:
+    rows = _memorising(spike_to=2.3 * 0.8 ** 30)  # no window spike
+    small = [{"step": 305, "rank": -1, "kind": "loss_spike", "message": "z 40",
+              "value": 0.09},
+             {"step": 305, "rank": -1, "kind": "grad_explosion", "message": "z 90",
+              "value": 0.84}]
+    found = _only(diagnose(rows, small), "outliers")
+    assert found.evidence["max_loss"] == 0.09 and found.evidence["max_grad_norm"] == 0.84
+    assert found.evidence["start_grad_norm"] == pytest.approx(1.5)
+    assert "clipping at 1.0 would not act" in found.message
+    big = [dict(small[1], value=2.0)]  # above the starting gradient norm of 1.5
+    assert _only(diagnose(rows, big), "unstable").evidence["events"] == 1
+    no_value = [{"step": 305, "rank": -1, "kind": "loss_spike", "message": "z 40"}]
+    assert "unstable" in _kinds(diagnose(rows, no_value))  # unknown size: counted

@@ -27,7 +27,11 @@ data-imbalance         a rank's ``time/data`` > IMBALANCE_RATIO (2x) the median 
 unstable               any non-finite loss or grad norm, any event whose kind is in
                        UNSTABLE_EVENT_KINDS, a loss rise with robust z > LOSS_SPIKE_Z (6)
                        and > LOSS_SPIKE_MIN_RISE (5%) of the loss, or ``loss_scale``
-                       falling in >= LOSS_SCALE_DROPS (3) windows
+                       falling in >= LOSS_SCALE_DROPS (3) windows; an outlier that is
+                       small on the run's scale (a loss at most SMALL_LOSS_SHARE (5%) of
+                       the starting loss, a gradient norm at most the starting one)
+                       does not count
+outliers               only such small outliers: said as "info", not as instability
 compute-bound          ``time/compute`` > COMPUTE_BOUND_SHARE (70%) of ``time/step``
                        and no other performance finding
 balanced               ``time/step`` exists and no other performance finding fired

@@ -1,4 +1,13 @@
-"""The health finding: a run whose numbers went wrong (NaN, spikes, a falling loss scale)."""
+"""The health finding: a run whose numbers went wrong (NaN, spikes, a falling loss scale).
+
+A spike counts only when it is material on the run's own scale: a loss outlier at a
+loss above SMALL_LOSS_SHARE of the loss the run started at, a gradient-norm outlier
+above the norm it started at (each the largest of its first START_WINDOWS windows). A
+model that fits its training data has heavy-tailed per-batch losses: late in training
+one batch's loss can be ten times the last window's and still be a few percent of the
+starting loss, with a gradient norm that clipping at 1.0 would not touch. Such outliers are
+reported as one "info" finding ("outliers"), never as an instability.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +23,8 @@ LOSS_SPIKE_Z = 6.0
 LOSS_SPIKE_MIN_RISE = 0.05
 LOSS_SPIKE_MIN_WINDOWS = 8
 LOSS_SCALE_DROPS = 3
+START_WINDOWS = 3  # a metric's starting level: the largest of its first windows
+SMALL_LOSS_SHARE = 0.05  # a loss outlier at most this share of the starting loss is small
 # Event kinds (compared lower-case, "_" read as "-") that mean the math went wrong;
 # monitor.detect writes nonfinite, loss_spike and grad_explosion.
 UNSTABLE_EVENT_KINDS = frozenset({
@@ -27,26 +38,57 @@ def event_kind(kind: object) -> str:
     return str(kind).lower().replace("_", "-")
 
 
-def _loss_spikes(groups: Mapping[str, Sequence[Metric]]) -> list[int]:
+def start_level(groups: Mapping[str, Sequence[Metric]], name: str) -> float | None:
+    """The largest of the first START_WINDOWS finite values of a job-wide series."""
+    _, values = series_of(groups, name)
+    first = [abs(v) for v in values if math.isfinite(v)][:START_WINDOWS]
+    return max(first) if first else None
+
+
+def _loss_spikes(groups: Mapping[str, Sequence[Metric]],
+                 start: float | None) -> tuple[list[int], list[int]]:
+    """Steps of loss outliers: (material, small) on the run's starting loss."""
     steps, loss = series_of(groups, "loss")
     good = [(s, v) for s, v in zip(steps, loss, strict=True) if math.isfinite(v)]
     if len(good) < LOSS_SPIKE_MIN_WINDOWS:
-        return []
+        return [], []
     rises = [b[1] - a[1] for a, b in zip(good, good[1:], strict=False)]
     z = stats.robust_z(rises)
-    return [good[i + 1][0] for i, (rise, score) in enumerate(zip(rises, z, strict=True))
-            if score > LOSS_SPIKE_Z and rise > LOSS_SPIKE_MIN_RISE * abs(good[i][1])]
+    material: list[int] = []
+    small: list[int] = []
+    for i, (rise, score) in enumerate(zip(rises, z, strict=True)):
+        if score > LOSS_SPIKE_Z and rise > LOSS_SPIKE_MIN_RISE * abs(good[i][1]):
+            big = start is None or good[i + 1][1] > SMALL_LOSS_SHARE * start
+            (material if big else small).append(good[i + 1][0])
+    return material, small
+
+
+def _small(event: Mapping[str, Any], loss0: float | None, grad0: float | None) -> bool:
+    """Whether a detector's outlier event is small on the run's own starting scale."""
+    kind, value = event_kind(event.get("kind", "")), event.get("value")
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    if kind == "loss-spike" and loss0 is not None:
+        return value <= SMALL_LOSS_SHARE * loss0
+    if kind in ("grad-spike", "grad-explosion") and grad0 is not None:
+        return value <= grad0
+    return False
 
 
 def unstable(groups: Mapping[str, Sequence[Metric]], events: Iterable[Mapping[str, Any]],
               config: Mapping[str, Any] | None) -> Finding | None:
     nonfinite = sorted({int(m["step"]) for name in ("loss", "grad_norm")
                         for m in groups.get(name, ()) if not math.isfinite(m["value"])})
-    flagged = [e for e in events if event_kind(e.get("kind", "")) in UNSTABLE_EVENT_KINDS]
-    spikes = _loss_spikes(groups)
+    loss0, grad0 = start_level(groups, "loss"), start_level(groups, "grad_norm")
+    outliers = [e for e in events if event_kind(e.get("kind", "")) in UNSTABLE_EVENT_KINDS]
+    flagged = [e for e in outliers if not _small(e, loss0, grad0)]
+    spikes, small_spikes = _loss_spikes(groups, loss0)
     _, scale = series_of(groups, "loss_scale")
     drops = sum(b < a for a, b in zip(scale, scale[1:], strict=False))
     if not (nonfinite or flagged or spikes or drops >= LOSS_SCALE_DROPS):
+        small = [e for e in outliers if _small(e, loss0, grad0)]
+        if small or small_spikes:
+            return _small_outliers(small, small_spikes, loss0, grad0)
         return None
     parts = []
     if nonfinite:
@@ -82,3 +124,30 @@ def unstable(groups: Mapping[str, Sequence[Metric]], events: Iterable[Mapping[st
 def _precision(config: Mapping[str, Any] | None) -> Any:
     train = config.get("precision") if isinstance(config, Mapping) else None
     return train.get("mode") if isinstance(train, Mapping) else None
+
+
+def _small_outliers(events: Sequence[Mapping[str, Any]], spikes: Sequence[int],
+                    loss0: float | None, grad0: float | None) -> Finding:
+    """Outliers that are small on the run's own scale: said, not called an instability."""
+    losses = [float(e["value"]) for e in events if event_kind(e["kind"]) == "loss-spike"]
+    grads = [float(e["value"]) for e in events if event_kind(e["kind"]) != "loss-spike"]
+    parts = []
+    if losses and loss0:
+        parts.append(f"the largest loss at an outlier {max(losses):.3g} "
+                     f"({max(losses) / loss0:.1%} of the starting {loss0:.3g})")
+    if spikes and loss0:
+        parts.append(f"{len(spikes)} rise(s) between windows, each to under "
+                     f"{SMALL_LOSS_SHARE:.0%} of the starting loss")
+    if grads and grad0:
+        unclipped = "; clipping at 1.0 would not act" if max(grads) < 1.0 else ""
+        parts.append(f"the largest gradient norm {max(grads):.3g} (the run started at "
+                     f"{grad0:.3g}{unclipped})")
+    return Finding(
+        "outliers", "info",
+        {"events": len(events), "spike_steps": list(spikes),
+         "max_loss": max(losses, default=None), "max_grad_norm": max(grads, default=None),
+         "start_loss": loss0, "start_grad_norm": grad0},
+        f"{len(events) + len(spikes)} per-batch loss or gradient outlier(s), all small on "
+        "this run's scale: " + "; ".join(parts) + ". A model that fits its training data "
+        "has heavy-tailed batch losses; this is not an instability",
+        [])
