@@ -320,7 +320,7 @@ def test_detector_events_are_judged_on_the_starting_scale() -> None:
     found = _only(diagnose(rows, small), "outliers")
     assert found.evidence["max_loss"] == 0.09 and found.evidence["max_grad_norm"] == 0.84
     assert found.evidence["start_grad_norm"] == pytest.approx(1.5)
-    assert "clipping at 1.0 would not act" in found.message
+    assert "clipping at 1.0 would not touch them" in found.message
     big = [dict(small[1], value=2.0)]  # above the starting gradient norm of 1.5
     assert _only(diagnose(rows, big), "unstable").evidence["events"] == 1
     no_value = [{"step": 305, "rank": -1, "kind": "loss_spike", "message": "z 40"}]

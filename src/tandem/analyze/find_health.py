@@ -5,8 +5,8 @@ loss above SMALL_LOSS_SHARE of the loss the run started at, a gradient-norm outl
 above the norm it started at (each the largest of its first START_WINDOWS windows). A
 model that fits its training data has heavy-tailed per-batch losses: late in training
 one batch's loss can be ten times the last window's and still be a few percent of the
-starting loss, with a gradient norm that clipping at 1.0 would not touch. Such outliers are
-reported as one "info" finding ("outliers"), never as an instability.
+starting loss, with gradient norms that clipping at 1.0 would not touch. Such outliers
+are reported as one "info" finding ("outliers"), never as an instability.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _small_outliers(events: Sequence[Mapping[str, Any]], spikes: Sequence[int],
         parts.append(f"{len(spikes)} rise(s) between windows, each to under "
                      f"{SMALL_LOSS_SHARE:.0%} of the starting loss")
     if grads and grad0:
-        unclipped = "; clipping at 1.0 would not act" if max(grads) < 1.0 else ""
+        unclipped = "; clipping at 1.0 would not touch them" if max(grads) < 1.0 else ""
         parts.append(f"the largest gradient norm {max(grads):.3g} (the run started at "
                      f"{grad0:.3g}{unclipped})")
     return Finding(
