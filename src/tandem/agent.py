@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
 from tandem.errors import USAGE_EXIT_CODE
+from tandem.local_agent import describe
 
 
 def _quiet_usage_exits(record: logging.LogRecord) -> bool:
@@ -40,9 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         rank, failure = err.get_first_failure()
         code = failure.exitcode if failure.exitcode is not None else 1
         if code != USAGE_EXIT_CODE:
-            how = (f"was killed by signal {-code}" if code < 0
-                   else f"exited with status {code}")
-            sys.stderr.write(f"tandem: rank {rank} (pid {failure.pid}) {how}; its own "
+            sys.stderr.write(f"tandem: {describe(rank, failure.pid, code)}; its own "
                              "message is above\n")
         return code if code > 0 else 1
     except SignalException as err:

@@ -118,10 +118,10 @@ class Group:
             proc.wait()
 
 
-def describe(rank: int, proc: subprocess.Popen) -> str:
-    code = proc.returncode
+def describe(rank: int, pid: int, code: int) -> str:
+    """How a worker ended, in the words of both agents' one-line failure report."""
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-    return f"rank {rank} (pid {proc.pid}) {how}"
+    return f"rank {rank} (pid {pid}) {how}"
 
 
 def run(command: list[str], nproc: int, max_restarts: int, interval: float) -> int:
@@ -161,11 +161,12 @@ def run(command: list[str], nproc: int, max_restarts: int, interval: float) -> i
         code = proc.returncode
         if restart < max_restarts and not received:
             restart += 1
-            sys.stderr.write(f"tandem: {describe(rank, proc)}; restarting the group "
+            sys.stderr.write(f"tandem: {describe(rank, proc.pid, code)}; restarting the group "
                              f"({restart} of {max_restarts} restarts)\n")
             continue
         if code != USAGE_EXIT_CODE:
-            sys.stderr.write(f"tandem: {describe(rank, proc)}; its own message is above\n")
+            sys.stderr.write(f"tandem: {describe(rank, proc.pid, code)}; its own message "
+                             "is above\n")
         return code if code > 0 else 1
 
 

@@ -117,3 +117,16 @@ def test_a_loopback_store_listens_on_the_loopback_address_only() -> None:
     assert client.get("k") == b"v"
     assert _loopback_listener("10.0.0.1", port, is_master=True) == {}
     assert _loopback_listener("127.0.0.1", port, is_master=False) == {}
+
+
+def test_torchruns_agent_reports_a_failed_rank_in_the_same_words(tmp_path: Path) -> None:
+    """`--launcher torchrun` (tandem.agent) names a failed rank as tandem's agent does."""
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY)
+    cmd = [sys.executable, "-m", "tandem.cli", "run", "--launcher", "torchrun",
+           "--nproc-per-node", "2", str(script), "3", str(tmp_path)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S)
+    assert proc.returncode == 3, proc.stderr
+    assert "tandem: rank 1 (pid" in proc.stderr
+    assert "exited with status 3; its own message is above" in proc.stderr

@@ -81,12 +81,12 @@ def unstable(groups: Mapping[str, Sequence[Metric]], events: Iterable[Mapping[st
                         for m in groups.get(name, ()) if not math.isfinite(m["value"])})
     loss0, grad0 = start_level(groups, "loss"), start_level(groups, "grad_norm")
     outliers = [e for e in events if event_kind(e.get("kind", "")) in UNSTABLE_EVENT_KINDS]
-    flagged = [e for e in outliers if not _small(e, loss0, grad0)]
+    small = [e for e in outliers if _small(e, loss0, grad0)]
+    flagged = [e for e in outliers if e not in small]
     spikes, small_spikes = _loss_spikes(groups, loss0)
     _, scale = series_of(groups, "loss_scale")
     drops = sum(b < a for a, b in zip(scale, scale[1:], strict=False))
     if not (nonfinite or flagged or spikes or drops >= LOSS_SCALE_DROPS):
-        small = [e for e in outliers if _small(e, loss0, grad0)]
         if small or small_spikes:
             return _small_outliers(small, small_spikes, loss0, grad0)
         return None
