@@ -204,3 +204,36 @@ def test_short_tokens_are_refused(store: Path) -> None:
 
     with pytest.raises(ValueError, match="token"):
         DashboardServer(store, host="127.0.0.1", token="short")
+
+
+def test_outliers_small_on_the_runs_scale_are_marked_so(tmp_path: Path, serve) -> None:
+    """The page colours an outlier as the health finding judges it: a loss at most 5% of
+    the starting loss, or a gradient norm at most the starting one, is small."""
+    from tandem.dashboard import view_run
+
+    path = tmp_path / "runs.db"
+    with RunStore(path) as s:
+        s.start_run("fit-1", "fit", {}, {"strategy": "single"}, {"world_size": 1})
+        # starting loss 2.3 and gradient norm 1.5 (the largest of the first 3 windows)
+        s.log_metrics("fit-1", [row for i in range(40) for row in (
+            (10 * (i + 1), -1, "loss", 2.3 * 0.8 ** i, float(i)),
+            (10 * (i + 1), -1, "grad_norm", 1.5 * 0.85 ** i, float(i)))])
+        s.log_event("fit-1", 305, -1, "loss_spike", "z 40", 0.09)  # 3.9% of 2.3
+        s.log_event("fit-1", 306, -1, "loss_spike", "z 60", 0.2)  # 8.7%
+        s.log_event("fit-1", 307, -1, "grad_explosion", "z 90", 0.84)  # under 1.5
+        s.log_event("fit-1", 308, -1, "grad_explosion", "z 99", 2.0)
+        s.log_event("fit-1", 309, -1, "nonfinite", "loss nan", float("nan"))
+    events = get_json(serve(path).url("", local=True) + "/api/run/fit-1")["events"]
+    assert [(e["step"], e["small"]) for e in events] == [
+        (305, True), (306, False), (307, True), (308, False), (309, False)]
+    # a live update judges new outliers the same way
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        _, cursor = view_run.updates(conn, {"run_id": "fit-1"}, {})
+        with RunStore(path) as s:
+            s.log_event("fit-1", 310, -1, "loss_spike", "z 50", 0.1)
+            s.log_event("fit-1", 311, -1, "grad_explosion", "z 70", 1.6)
+        update, _ = view_run.updates(conn, {"run_id": "fit-1"}, cursor)
+    finally:
+        conn.close()
+    assert [(e["step"], e["small"]) for e in update["events"]] == [(310, True), (311, False)]

@@ -158,3 +158,21 @@ def test_compare_overlays_runs_and_lists_differences(store: RunStore, tmp_path: 
     assert re.search(r"data\.workers +│ +2 │ +0 ", out), out
     with pytest.raises(ValueError, match="at least one run"):
         compare(store, [], tmp_path / "none.html")
+
+
+def test_loss_chart_marks_small_outliers_grey_and_instability_red() -> None:
+    from tandem.analyze import panels
+    from tandem.analyze.figures import by_name
+
+    rows = [row for i in range(40) for row in (
+        {"step": 10 * (i + 1), "rank": -1, "name": "loss", "value": 2.3 * 0.8 ** i, "time": i},
+        {"step": 10 * (i + 1), "rank": -1, "name": "grad_norm", "value": 1.5 * 0.85 ** i,
+         "time": i})]
+    events = [{"step": 305, "rank": -1, "kind": "loss_spike", "message": "z", "value": 0.09},
+              {"step": 306, "rank": -1, "kind": "loss_spike", "message": "z", "value": 0.2}]
+    html = panels.loss_panel(by_name(rows), events)
+    # 0.09 is 3.9% of the starting loss 2.3: small, grey; 0.2 is 8.7%: instability, red
+    colours = {step: colour for colour, step in
+               re.findall(r'stroke="(#[0-9a-f]{6})"><title>step (\d+):', html)}
+    assert colours == {"305": "#667085", "306": "#d92d20"}
+    assert "step 305: loss_spike (small on this run: not instability)" in html

@@ -63,8 +63,16 @@ def _loss_spikes(groups: Mapping[str, Sequence[Metric]],
     return material, small
 
 
-def _small(event: Mapping[str, Any], loss0: float | None, grad0: float | None) -> bool:
-    """Whether a detector's outlier event is small on the run's own starting scale."""
+def start_levels(groups: Mapping[str, Sequence[Metric]]) -> tuple[float | None, float | None]:
+    """The run's starting loss and gradient norm: the scale its outliers are judged on."""
+    return start_level(groups, "loss"), start_level(groups, "grad_norm")
+
+
+def small_outlier(event: Mapping[str, Any], loss0: float | None, grad0: float | None) -> bool:
+    """Whether a detector's outlier event is small on the run's own starting scale: a
+    loss at most SMALL_LOSS_SHARE of the starting loss, a gradient norm at most the
+    starting one. The health finding calls such events outliers, not instability; charts
+    mark them so too."""
     kind, value = event_kind(event.get("kind", "")), event.get("value")
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
@@ -79,9 +87,9 @@ def unstable(groups: Mapping[str, Sequence[Metric]], events: Iterable[Mapping[st
               config: Mapping[str, Any] | None) -> Finding | None:
     nonfinite = sorted({int(m["step"]) for name in ("loss", "grad_norm")
                         for m in groups.get(name, ()) if not math.isfinite(m["value"])})
-    loss0, grad0 = start_level(groups, "loss"), start_level(groups, "grad_norm")
+    loss0, grad0 = start_levels(groups)
     outliers = [e for e in events if event_kind(e.get("kind", "")) in UNSTABLE_EVENT_KINDS]
-    small = [e for e in outliers if _small(e, loss0, grad0)]
+    small = [e for e in outliers if small_outlier(e, loss0, grad0)]
     flagged = [e for e in outliers if e not in small]
     spikes, small_spikes = _loss_spikes(groups, loss0)
     _, scale = series_of(groups, "loss_scale")

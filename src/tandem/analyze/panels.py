@@ -8,7 +8,8 @@ from typing import Any
 
 from tandem.analyze import figures, html, svg, text
 from tandem.analyze.figures import PHASES, Metric
-from tandem.analyze.find_health import UNSTABLE_EVENT_KINDS, event_kind
+from tandem.analyze.find_health import (UNSTABLE_EVENT_KINDS, event_kind, small_outlier,
+                                         start_levels)
 
 Groups = Mapping[str, Sequence[Metric]]
 
@@ -44,8 +45,10 @@ def line_panel(title: str, data_id: str, lines: Sequence[svg.Line], *, note: str
     return html.card(title, svg.legend(lines) + chart + html.data_block(data_id, payload), note)
 
 
-def _event_color(kind: str) -> str:
-    if event_kind(kind) in UNSTABLE_EVENT_KINDS:
+def _event_color(kind: str, small: bool = False) -> str:
+    """Red for what the health finding counts as instability; an outlier that is small
+    on the run's own scale (`find_health.small_outlier`) is grey, as the finding says."""
+    if event_kind(kind) in UNSTABLE_EVENT_KINDS and not small:
         return "#d92d20"
     return "#dc6803" if kind in ("resume", "restart", "preempted") else "#667085"
 
@@ -55,8 +58,12 @@ def loss_panel(groups: Groups, events: Sequence[Mapping[str, Any]]) -> str:
     names = ["loss"] + [n for n in figures.eval_names(groups) if n.endswith("loss")]
     lines = [svg.Line(n, *figures.series_of(groups, n), dashed=n != "loss") for n in names]
     shown = [e for e in events if e["step"] >= 0]
-    marks = [svg.Mark(e["step"], f"step {e['step']}: {e['kind']} - {e['message']}",
-                      _event_color(str(e["kind"]))) for e in shown]
+    loss0, grad0 = start_levels(groups)
+    small = [small_outlier(e, loss0, grad0) for e in shown]
+    marks = [svg.Mark(e["step"], f"step {e['step']}: {e['kind']}"
+                      f"{' (small on this run: not instability)' if tiny else ''}"
+                      f" - {e['message']}", _event_color(str(e["kind"]), tiny))
+             for e, tiny in zip(shown, small, strict=True)]
     extra = {"events": [{"step": e["step"], "rank": e["rank"], "kind": e["kind"],
                          "message": e["message"]} for e in shown]}
     return line_panel("Loss", "data-loss", lines, marks=marks, extra=extra,

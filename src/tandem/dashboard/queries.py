@@ -133,6 +133,16 @@ def last_row(conn: sqlite3.Connection, run_id: str, name: str) -> dict[str, Any]
     return None if row is None else {"step": row[0], "value": _value(row[1]), "time": row[2]}
 
 
+def first_windows(conn: sqlite3.Connection, run_id: str, name: str,
+                  windows: int) -> list[dict[str, Any]]:
+    """The rows of one metric of a run at its first `windows` logged steps (index seeks)."""
+    rows = conn.execute(
+        "SELECT step, rank, value FROM metrics WHERE run_id=? AND name=? AND step IN "
+        "(SELECT DISTINCT step FROM metrics WHERE run_id=? AND name=? ORDER BY step LIMIT ?)",
+        (run_id, name, run_id, name, windows)).fetchall()
+    return [{"step": r[0], "rank": r[1], "value": _value(r[2])} for r in rows]
+
+
 def events(conn: sqlite3.Connection, run_id: str, cursor: int = 0) -> list[dict[str, Any]]:
     """A run's events past rowid `cursor`, oldest first, each with its `rowid`."""
     cur = conn.execute(

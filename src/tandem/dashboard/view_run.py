@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tandem.analyze.diagnose import diagnose
+from tandem.analyze.find_health import (START_WINDOWS, UNSTABLE_EVENT_KINDS, event_kind,
+                                        small_outlier, start_levels)
 from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
 
@@ -50,6 +52,20 @@ def _sig(run: Mapping[str, Any]) -> int:
     return zlib.crc32(repr((run["status"], run["finished"])).encode())
 
 
+def _judged(conn: sqlite3.Connection, run_id: str,
+            events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`events`, each outlier marked `small` as the health finding judges it (on the run's
+    starting loss and gradient norm), so the page colours it as the diagnosis speaks."""
+    if not any(event_kind(e["kind"]) in UNSTABLE_EVENT_KINDS for e in events):
+        return events
+    groups = {name: queries.first_windows(conn, run_id, name, START_WINDOWS)
+              for name in ("loss", "grad_norm")}
+    loss0, grad0 = start_levels(groups)
+    for e in events:
+        e["small"] = small_outlier(e, loss0, grad0)
+    return events
+
+
 def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     """Everything the page draws, downsampled, and the cursor of what it holds."""
     run = _run(conn, args["run_id"])
@@ -58,7 +74,7 @@ def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     cursor = {"m": queries.max_rowid(conn, "metrics"), "e": queries.max_rowid(conn, "events"),
               "s": _sig(run)}
     lines = series.run_lines(conn, run["run_id"], points, columns, times=False)
-    events = queries.events(conn, run["run_id"])
+    events = _judged(conn, run["run_id"], queries.events(conn, run["run_id"]))
     out = shape.jsonable({
         "run": {k: run[k] for k in ("run_id", "name", "started", "finished", "status",
                                     "config", "plan", "env", "summary")},
@@ -86,7 +102,8 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
             out["rows"] = [r[1:] for r in rows]
             out["more"] = len(rows) == UPDATE_LIMIT
     if top_e > cursor.get("e", 0):
-        out["events"] = queries.events(conn, run["run_id"], cursor.get("e", 0))
+        out["events"] = _judged(conn, run["run_id"],
+                                queries.events(conn, run["run_id"], cursor.get("e", 0)))
         new["e"] = top_e
     if _sig(run) != cursor.get("s"):
         out["run"] = _state(run)

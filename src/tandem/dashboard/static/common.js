@@ -138,7 +138,9 @@ T.markers = (events) => ({ hooks: { draw: (u) => {
   for (const e of events()) {
     const x = u.valToPos(e.step, "x", true);
     if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
-    ctx.strokeStyle = /nan|nonfinite|spike|explosion|rollback/i.test(e.kind) ? "#c62828" : "#888";
+    // Red for what the diagnosis counts as instability; an outlier small on the run's own
+    // scale (the server's `small`, the health finding's rule) is grey, as it says.
+    ctx.strokeStyle = /nan|nonfinite|spike|explosion|rollback/i.test(e.kind) && !e.small ? "#c62828" : "#888";
     ctx.setLineDash([4, 3]); ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + h); ctx.stroke();
   }
   ctx.restore();

@@ -157,7 +157,7 @@
     // run's thousands of rows made each rebuild cost more than the page's charts.
     const shown = T.events.slice(-EVENTS_SHOWN), hidden = T.events.length - shown.length;
     const table = T.table(["step", "rank", "kind", "message", "value", "threshold", "time"],
-      shown.map((e) => [e.step, e.rank, e.kind, e.message, e.value, e.threshold, T.when(e.time)]),
+      shown.map((e) => [e.step, e.rank, e.small ? `${e.kind} (small)` : e.kind, e.message, e.value, e.threshold, T.when(e.time)]),
       [true, true, false, false, true, true, false]);
     if (!hidden) { box.replaceChildren(table); return; }
     box.replaceChildren(T.el("p", { class: "muted", text: `the latest ${EVENTS_SHOWN} of ${T.events.length.toLocaleString("en-US")} events, all in the run store` }), table);
