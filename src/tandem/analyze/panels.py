@@ -8,8 +8,7 @@ from typing import Any
 
 from tandem.analyze import figures, html, svg, text
 from tandem.analyze.figures import PHASES, Metric
-from tandem.analyze.find_health import (UNSTABLE_EVENT_KINDS, event_kind, small_outlier,
-                                         start_levels)
+from tandem.analyze.find_health import UNSTABLE_EVENT_KINDS, event_kind, small_outlier, start_levels
 
 Groups = Mapping[str, Sequence[Metric]]
 

@@ -9,8 +9,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from tandem.analyze.diagnose import diagnose
-from tandem.analyze.find_health import (START_WINDOWS, UNSTABLE_EVENT_KINDS, event_kind,
-                                        small_outlier, start_levels)
+from tandem.analyze.find_health import (
+    START_WINDOWS,
+    UNSTABLE_EVENT_KINDS,
+    event_kind,
+    small_outlier,
+    start_levels,
+)
 from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
 
