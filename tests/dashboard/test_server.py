@@ -237,3 +237,20 @@ def test_outliers_small_on_the_runs_scale_are_marked_so(tmp_path: Path, serve) -
     finally:
         conn.close()
     assert [(e["step"], e["small"]) for e in update["events"]] == [(310, True), (311, False)]
+
+
+def test_runs_page_gives_every_size_a_resized_run_ran_at(tmp_path: Path, serve) -> None:
+    path = tmp_path / "runs.db"
+    with RunStore(path) as s:
+        s.start_run("job-1", "job", {}, {"strategy": "ddp"}, {"world_size": 2})
+        s.start_run("job-2", "steady", {}, {"strategy": "ddp"}, {"world_size": 2})
+        # attempts at 2, 1, 1 (a restart at the same size) and 2 processes; the env the
+        # store keeps is the last attempt's
+        for i, size in enumerate((2, 1, 1, 2)):
+            s.log_event("job-1", 100 * i, -1, "segment", f"{size} x cpu, ddp", float(size),
+                        time_s=1000.0 + i)
+        s.log_event("job-2", 0, -1, "segment", "2 x cpu, ddp", 2.0)
+    runs = {r["run_id"]: r for r in get_json(serve(path).url("", local=True) + "/api/runs")[
+        "runs"]}
+    assert runs["job-1"]["sizes"] == [2, 1, 2] and runs["job-1"]["world_size"] == 2
+    assert runs["job-2"]["sizes"] == [2]

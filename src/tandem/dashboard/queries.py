@@ -152,6 +152,17 @@ def events(conn: sqlite3.Connection, run_id: str, cursor: int = 0) -> list[dict[
     return [dict(zip(columns, r, strict=True)) for r in cur.fetchall()]
 
 
+def segment_sizes(conn: sqlite3.Connection, run_id: str) -> list[int]:
+    """The process counts of a run's segments (its `segment` events), in order, a size
+    repeated by consecutive segments given once: [2, 1, 2] for a run resized twice."""
+    sizes: list[int] = []
+    for (value,) in conn.execute("SELECT value FROM events WHERE run_id=? AND kind='segment' "
+                                 "ORDER BY time, rowid", (run_id,)):
+        if value is not None and (not sizes or sizes[-1] != int(value)):
+            sizes.append(int(value))
+    return sizes
+
+
 def last_event_time(conn: sqlite3.Connection, run_id: str) -> float | None:
     """When a run's latest event was recorded."""
     row = conn.execute("SELECT MAX(time) FROM events WHERE run_id=?", (run_id,)).fetchone()

@@ -36,6 +36,8 @@ def run_row(conn: sqlite3.Connection, run: Mapping[str, Any], tuned: set[str],
         "silent_s": now - activity if running else None,
         "started": run["started"], "finished": run["finished"],
         "world_size": env.get("world_size"), "device": env.get("device"),
+        # every size it ran at: the store's env holds only the last segment's
+        "sizes": queries.segment_sizes(conn, run["run_id"]),
         "host": env.get("host"), "strategy": plan.get("strategy"),
         "steps": summary.get("steps", last["step"] if last else None),
         "loss": loss["value"] if loss else None,

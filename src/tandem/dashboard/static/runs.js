@@ -32,7 +32,9 @@
       T.el("td", {}, T.el("span", { class: `badge ${r.status}`, text: r.status }), state),
       T.el("td", { text: T.when(r.started) }),
       T.el("td", { text: T.secs(end - r.started) }),
-      T.el("td", { text: T.fmt(r.world_size) }), T.el("td", { text: r.device ?? "–" }),
+      // a resized run: every size it ran at, in order
+      T.el("td", r.sizes && r.sizes.length > 1 ? { text: r.sizes.join(" → "), title: "resized: the process counts of its segments" } : { text: T.fmt(r.world_size) }),
+      T.el("td", { text: r.device ?? "–" }),
       T.el("td", { text: r.tune ? "tune session" : (r.strategy ?? "–") }),
       T.el("td", { class: "num", text: T.fmt(r.steps) }),
       T.el("td", { class: "num", text: T.fmt(r.loss) }));
