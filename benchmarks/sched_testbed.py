@@ -14,6 +14,7 @@ beside the testbed's.
 
     python benchmarks/sched_testbed.py                      # fifo, tiresias, goodput
     python benchmarks/sched_testbed.py --policies goodput --out /tmp/testbed
+    python benchmarks/sched_testbed.py --replay /tmp/testbed/results.json   # simulate only
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -185,8 +187,8 @@ def char_samples() -> int:
     return _CHAR_SAMPLES[0]
 
 
-def predict(results: list[dict]) -> dict[str, float]:
-    """The simulator's mean JCT of each policy on the same jobs, from measured figures."""
+def measured_figures(results: list[dict]) -> tuple[dict, dict, float]:
+    """Per job, samples/s at each size; per script, start-ups; the median teardown."""
     rates: dict[str, dict[int, list[float]]] = {}
     for result in results:
         for name, job in result["jobs"].items():
@@ -197,25 +199,66 @@ def predict(results: list[dict]) -> dict[str, float]:
         for script, values in result["startup_s"].items():
             startups.setdefault(script, []).extend(values)
     teardown = statistics.median(t for r in results for t in r["teardown_s"])
+    return ({name: {p: statistics.median(v) for p, v in by.items()} for name, by in
+             rates.items()},
+            {script: statistics.median(v) for script, v in startups.items()}, teardown)
+
+
+def simulated(policy: str, jobs: list[TestbedJob], rates: dict, startups: dict,
+              rng: random.Random | None = None):
+    """The simulator on `jobs` with measured rates and start-ups (moved at random by
+    rates +-10%, start-ups -10% .. +20%, arrivals +0-1 s when `rng` is given)."""
+    def moved(low: float, high: float) -> float:
+        return rng.uniform(low, high) if rng else 1.0
+
     apps, specs = {}, []
-    for job in JOBS:
+    for job in jobs:
         apps[job.name] = MeasuredApplication(
             job.name, job.kind[1], job.steps,
-            {p: statistics.median(v) for p, v in rates[job.name].items()})
+            {p: r * moved(0.9, 1.1) for p, r in rates[job.name].items()})
         low, _, high = job.procs.partition(":")
-        specs.append(JobSpec(job_id=job.name, submit_time=job.at, min_procs=int(low),
-                             max_procs=int(high or low), batch_size=job.kind[1],
-                             limits=apps[job.name].limits, application=job.name))
-    out = {}
-    for result in results:
-        inner = (POLICIES["tiresias"](thresholds=(60.0,)) if result["policy"] == "tiresias"
-                 else POLICIES[result["policy"]]())
-        policy = Pinned(inner, MIN_RUN)  # as the service runs it
-        sim = simulate(specs, apps, policy, Cluster(nodes=1, slots_per_node=2), interval=2.0,
-                       restart_delays={job.name: statistics.median(startups[job.kind[0]])
-                                       for job in JOBS})
-        out[result["policy"]] = sim.mean_jct + teardown
-    return out
+        late = rng.uniform(0.0, 1.0) if rng else 0.0
+        specs.append(JobSpec(job_id=job.name, submit_time=job.at + late,
+                             min_procs=int(low), max_procs=int(high or low),
+                             batch_size=job.kind[1], limits=apps[job.name].limits,
+                             application=job.name))
+    inner = (POLICIES["tiresias"](thresholds=(60.0,)) if policy == "tiresias"
+             else POLICIES[policy]())
+    return simulate(specs, apps, Pinned(inner, MIN_RUN), Cluster(nodes=1, slots_per_node=2),
+                    interval=2.0, restart_delays={
+                        job.name: startups[job.kind[0]] * moved(0.9, 1.2) for job in jobs})
+
+
+def predict(results: list[dict]) -> dict[str, float]:
+    """The simulator's mean JCT of each policy on the same jobs, from measured figures."""
+    rates, startups, teardown = measured_figures(results)
+    return {r["policy"]: simulated(r["policy"], JOBS, rates, startups).mean_jct + teardown
+            for r in results}
+
+
+def replay(path: Path, scales: list[float], perturbed: int = 20) -> None:
+    """How many resizes and preemptions the testbed would see with every job's steps
+    scaled, simulated at the rates and start-ups an earlier run measured (`path`, its
+    results.json), unmoved and in `perturbed` moved simulations."""
+    rates, startups, teardown = measured_figures(json.loads(path.read_text())["results"])
+    policies = ("fifo", "tiresias", "goodput")
+    print(f"the simulator at the rates of {path}, steps scaled from this script's mix")
+    for scale in scales:
+        jobs = scaled(JOBS, scale)
+        runs = [{p: simulated(p, jobs, rates, startups, rng) for p in policies}
+                for rng in [None, *(random.Random(seed) for seed in range(perturbed))]]
+        held = 0
+        for sims in runs[1:]:
+            jct = {p: s.mean_jct + teardown for p, s in sims.items()}
+            moves = sum(s.resizes + s.preemptions for s in sims.values())
+            held += (moves >= 10 and jct["goodput"] <= 0.75 * jct["fifo"]
+                     and jct["goodput"] <= 0.9 * jct["tiresias"])
+        first = runs[0]
+        print(f"  --scale {scale}: " + ", ".join(
+            f"{p} {s.mean_jct + teardown:.0f} s / {s.resizes + s.preemptions} moves"
+            for p, s in first.items())
+            + f"; {sum(s.resizes + s.preemptions for s in first.values())} moves in all; "
+            f">= 10 moves and both JCT targets in {held}/{perturbed} moved simulations")
 
 
 def main() -> None:
@@ -226,8 +269,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds one policy's testbed may take")
     parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiply every job's steps (a quick check: 0.1)")
+                        help="multiply every job's steps (0.1: a quick check of the "
+                        "script; 1.4: the mix at this machine's rates of 2026-12-02, "
+                        "benchmarks/sched_testbed_mix.py)")
+    parser.add_argument("--replay", type=Path, metavar="RESULTS_JSON",
+                        help="simulate only: the mix with its steps scaled by each of "
+                        "--scales, at the rates an earlier run measured")
+    parser.add_argument("--scales", default="1.0,1.2,1.4,1.6,1.7,1.8")
     ns = parser.parse_args()
+    if ns.replay:
+        replay(ns.replay, [float(s) for s in ns.scales.split(",")])
+        return
     JOBS[:] = scaled(JOBS, ns.scale)
     results = []
     ns.out.mkdir(parents=True, exist_ok=True)
