@@ -42,3 +42,16 @@ def test_a_repeated_step_a_skipped_step_and_a_foreign_batch_are_found() -> None:
     assert (skipped.repeated, skipped.skipped) == (0, 12)
     shuffled = audit([*logs, [logs[0][1], logs[0][0], logs[0][2]]], SEED, N)
     assert shuffled.not_slices == 1
+
+
+def test_a_long_run_whose_dropped_tails_add_up_to_epochs_is_audited_whole() -> None:
+    # a global batch of 12 on 50 samples drops a tail of 2 each epoch: 400 steps are 100
+    # epochs, four more than their 4,800 samples fill (96), so the last steps lie past
+    # the epochs the sample count alone would look in (96 + 2)
+    logs = _logs([(400, 12, 2)])
+    found = audit(logs, SEED, N)
+    assert found.clean, found
+    assert (found.samples, found.epochs) == (400 * 12, 100)
+    assert found.tails == (2,) * 99
+    bad = audit([*logs, [logs[0][1], logs[0][0], logs[0][2]]], SEED, N)
+    assert bad.not_slices == 1 and bad.samples == 400 * 12

@@ -101,26 +101,32 @@ def audit(batches: Iterable[Sequence[int]], seed: int, dataset_len: int) -> Audi
     from tandem.data.sampler import epoch_order
 
     batches = [list(b) for b in batches if b]
-    most_epochs = sum(len(b) for b in batches) // max(1, dataset_len) + 2
-    inverses = []
-    for epoch in range(most_epochs):
-        order = epoch_order(seed, epoch, dataset_len)
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(dataset_len)
-        inverses.append(inverse)
-    counts = [torch.zeros(dataset_len, dtype=torch.int64) for _ in range(most_epochs)]
+    indices = [torch.tensor(ids) for ids in batches]
     # Each micro-batch's candidates: (epoch, positions) where it is a contiguous slice.
     # A short slice may be contiguous by chance in another epoch too: slices with one
     # candidate are placed first, then the others where their positions are still free.
-    found: list[list[tuple[int, torch.Tensor]]] = []
-    for ids in batches:
-        index = torch.tensor(ids)
-        options = []
-        for epoch, inverse in enumerate(inverses):
-            where = inverse[index]
-            if bool((where == where[0] + torch.arange(len(ids))).all()):
-                options.append((epoch, where))
-        found.append(options)
+    found: list[list[tuple[int, torch.Tensor]]] = [[] for _ in batches]
+    # Epochs to look in: the samples' worth of epochs and two more, then more while the
+    # last ones placed a micro-batch that had no place (each epoch drops a tail shorter
+    # than the global batch, so a long run reaches further than samples / dataset_len; a
+    # batch that is no slice at all stops the search once further epochs place nothing).
+    look, epochs = sum(len(b) for b in batches) // max(1, dataset_len) + 2, 0
+    unplaced = len(batches)
+    while True:
+        for epoch in range(epochs, look):
+            order = epoch_order(seed, epoch, dataset_len)
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(dataset_len)
+            for options, index in zip(found, indices, strict=True):
+                where = inverse[index]
+                if bool((where == where[0] + torch.arange(len(index))).all()):
+                    options.append((epoch, where))
+        epochs, before = look, unplaced
+        unplaced = sum(1 for options in found if not options)
+        if not unplaced or unplaced == before:
+            break
+        look = epochs + max(2, epochs // 4)
+    counts = [torch.zeros(dataset_len, dtype=torch.int64) for _ in range(epochs)]
     not_slices = sum(1 for options in found if not options)
     for options in sorted((o for o in found if o), key=len):
         free = [(e, w) for e, w in options if not bool(counts[e][w].any())]
