@@ -157,13 +157,7 @@ def collect(policy: str, store: Path, folder: Path, start: float, ids: dict[str,
     latencies = [r["training_again"] - r["decided"] for r in resizes
                  if r["kind"] == "resize" and r.get("training_again")]
     redone = [r["steps_redone"] for r in resizes if r.get("steps_redone") is not None]
-    audits = {}
-    for job in JOBS:
-        samples = job.kind[2] or char_samples()
-        found = audit(read_logs(folder / "ids" / ids[job.name]), 0, samples)
-        audits[job.name] = {"clean": found.clean, "samples": found.samples,
-                            "expected": job.steps * job.kind[1], "repeated": found.repeated,
-                            "skipped": found.skipped}
+    audits = audit_jobs(folder, ids)
     jcts = [j["jct"] for j in per_job.values()]
     return {"policy": policy, "mean_jct": statistics.fmean(jcts),
             "makespan": max(j.finished for j in jobs.values()) - start,
@@ -172,6 +166,33 @@ def collect(policy: str, store: Path, folder: Path, start: float, ids: dict[str,
             "steps_redone": redone, "startup_s": starts, "teardown_s": tails,
             "jobs": per_job, "audits": audits,
             "load": {"before": load_before, "after": os.getloadavg()}}
+
+
+def audit_jobs(folder: Path, ids: dict[str, str]) -> dict[str, dict]:
+    """Each job's sample ids (logged by its processes) against the global order."""
+    audits = {}
+    for job in JOBS:
+        samples = job.kind[2] or char_samples()
+        found = audit(read_logs(folder / "ids" / ids[job.name]), 0, samples)
+        audits[job.name] = {"clean": found.clean, "samples": found.samples,
+                            "expected": job.steps * job.kind[1], "repeated": found.repeated,
+                            "skipped": found.skipped, "not_slices": found.not_slices}
+    return audits
+
+
+def reaudit(out: Path) -> None:
+    """Audit an earlier run's sample logs again (the audit of this checkout), rewrite its
+    results.json with the new audits and print its tables."""
+    data = json.loads((out / "results.json").read_text())
+    JOBS[:] = [TestbedJob(j["name"], tuple(j["kind"]), j["steps"], j["procs"], j["at"])
+               for j in data["jobs"]]
+    for result in data["results"]:
+        folder = out / result["policy"]
+        with SchedStore(folder / "runs" / "tandem.db") as sched:
+            ids = {j.name: j.job_id for j in sched.jobs()}
+        result["audits"] = audit_jobs(folder, ids)
+    (out / "results.json").write_text(json.dumps(data, indent=2, default=str))
+    print_tables(data["results"], data["predicted"])
 
 
 _CHAR_SAMPLES: list[int] = []
@@ -276,7 +297,12 @@ def main() -> None:
                         help="simulate only: the mix with its steps scaled by each of "
                         "--scales, at the rates an earlier run measured")
     parser.add_argument("--scales", default="1.0,1.2,1.4,1.6,1.7,1.8")
+    parser.add_argument("--reaudit", type=Path, metavar="OUT",
+                        help="audit an earlier run's sample logs again (its --out folder)")
     ns = parser.parse_args()
+    if ns.reaudit:
+        reaudit(ns.reaudit)
+        return
     if ns.replay:
         replay(ns.replay, [float(s) for s in ns.scales.split(",")])
         return
