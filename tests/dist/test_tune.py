@@ -151,11 +151,17 @@ def test_hparams_search_mirrors_an_optuna_study_into_the_store(tmp_path: Path) -
     optuna = pytest.importorskip("optuna")
     # --min-gain 0.99: no trial can be that much faster, so no confirmation runs here
     # (the confirmation's statistics are tested in tests/unit/test_tune_hparams.py)
-    _tune(tmp_path, "--hparams", "--n-trials", "2", "--steps", "40", "--log-every", "10",
-          "--budget", "4m", "--min-gain", "0.99", SCRIPT, "--train.target",
-          "eval_loss<=0.21", sleep_ms="0")
+    out = _tune(tmp_path, "--hparams", "--n-trials", "2", "--steps", "40", "--log-every",
+                "10", "--budget", "4m", "--min-gain", "0.99", SCRIPT, "--train.target",
+                "eval_loss<=0.21", sleep_ms="0").stdout
     session, trials = _session(tmp_path)
     assert session["config"]["tune"]["mode"] == "hparams"
+    # the decision says why nothing was chosen, with the bar the best trial missed
+    decision = session["summary"]["decision"]
+    assert decision.startswith("keep the current settings: ")
+    assert ("no trial completed" in decision or "in its one run; nothing to confirm"
+            in decision), decision
+    assert decision in " ".join(out.split()), out  # printed too
     assert [t["trial_id"] for t in trials] == ["00", "01", "02"]
     assert {t["status"] for t in trials[1:]} <= {"complete", "pruned", "failed"}
     study = optuna.load_study(study_name=session["run_id"],

@@ -194,6 +194,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     path = planfile.write(Path(ns.out), planfile.render(result, ns.script, runner.nproc,
                                                         str(runner.store_path), ns.min_gain))
     console.print(decision_table(records, f"hparams session {session}"))
+    console.print(result.decision, highlight=False, markup=False)
     console.print(f"plan written to {path}; Optuna study {session!r} in "
                   f"{runner.store_path}")
     return 0
@@ -240,18 +241,18 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
                    catch=(Exception,))
     done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = min(done, key=lambda t: t.value) if done else None
-    changes, evidence, speedup = _choose(ns, runner, session, record, records, base,
-                                         best, flatten(config), eval_every,
-                                         lambda runs: time.monotonic() - started + runs
-                                         * max(base.wall_s, 1.0) <= budget)
+    changes, evidence, speedup, decision = _choose(
+        ns, runner, session, record, records, base, best, flatten(config), eval_every,
+        lambda runs: time.monotonic() - started + runs * max(base.wall_s, 1.0) <= budget)
     result = TuneResult(session_id=session, changes=changes, records=records,
                         trials=len(study.trials), wall_s=time.monotonic() - started,
-                        speedup=speedup, findings=[], baseline=None, evidence=evidence)
+                        speedup=speedup, findings=[], baseline=None, evidence=evidence,
+                        decision=decision)
     _finish(runner, session, "completed", {"chosen": changes, "trials": len(study.trials),
                                           "wall_s": result.wall_s,
                                           "best_objective_s": best.value if best else None,
                                           "baseline_objective_s": base_value,
-                                          "evidence": evidence})
+                                          "evidence": evidence, "decision": decision})
     return result
 
 
@@ -291,12 +292,19 @@ def _objective(runner: TrialRunner, session: str, record: Any, global_batch: int
 def _choose(ns: argparse.Namespace, runner: TrialRunner, session: str, record: Any,
             records: list[Record], base: RunOutcome, best: Any, current: dict[str, Any],
             eval_every: int, budget_left: Any
-            ) -> tuple[dict[str, Any], dict[str, str], tstats.Interval | None]:
-    """The best trial's changes, confirmed in paired runs: (changes, evidence, speed-up);
-    nothing when one run each shows no gain of 1 + min_gain or the pairs do not confirm."""
+            ) -> tuple[dict[str, Any], dict[str, str], tstats.Interval | None, str]:
+    """The best trial's changes, confirmed in paired runs: (changes, evidence, speed-up,
+    the decision in words); nothing when one run each shows no gain of 1 + min_gain or the
+    pairs do not confirm."""
     base_value, _ = objective_of(base.summary)
-    if best is None or best.value >= base_value * (1 - ns.min_gain):
-        return {}, {}, None
+    if best is None:
+        return {}, {}, None, "keep the current settings: no trial completed"
+    bar = base_value * (1 - ns.min_gain)
+    if best.value >= bar:
+        return {}, {}, None, (
+            f"keep the current settings: the best trial ({best.number + 1:02d}, "
+            f"{best.value:.2f} s) was not under {bar:.2f} s (the current settings' "
+            f"{base_value:.2f} s less {ns.min_gain:.0%}) in its one run; nothing to confirm")
     wanted = {k: v for k, v in best.user_attrs["changes"].items() if current.get(k) != v}
     adopt, figures = confirm(runner, session, base, best.user_attrs["changes"], ns.steps,
                              ns.log_every, eval_every, ns.min_gain, ns.max_pairs, budget_left)
@@ -306,10 +314,13 @@ def _choose(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
            f"time to target in paired runs: {ev}"
            + ("" if adopt else f" ({figures['verdict']})"))
     if not adopt:
-        return {}, {}, None
+        return {}, {}, None, (f"keep the current settings: trial {best.number + 1:02d} "
+                              f"({best.value:.2f} s in one run) was not confirmed in paired "
+                              f"runs ({figures['verdict']}): {ev}")
     why = (f"hparams trial {best.number + 1:02d}: time to target {best.value:.2f} s vs "
            f"{base_value:.2f} s for the current settings; confirmed: {ev}")
-    return wanted, dict.fromkeys(wanted, why), tstats.Interval(**figures["ratio"])
+    return (wanted, dict.fromkeys(wanted, why), tstats.Interval(**figures["ratio"]),
+            f"adopt trial {best.number + 1:02d}: {ev}")
 
 
 def _finish(runner: TrialRunner, session: str, status: str, summary: dict) -> None:

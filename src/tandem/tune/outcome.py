@@ -55,6 +55,7 @@ class TuneResult:
     baseline: tstats.Interval | None  # the original plan's samples/s over its runs
     evidence: dict[str, str] = field(default_factory=dict)  # key -> why
     noise: dict[str, Any] | None = None  # the placebo and pooled noise at the end
+    decision: str = ""  # the decision in words, where the session states one
 
 
 def session_id(script: str) -> str:

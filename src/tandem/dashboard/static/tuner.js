@@ -36,7 +36,7 @@
     if (!s) { box.replaceChildren(T.el("p", { class: "muted", text: session.status === "running" ? "the session is still running" : "no decision recorded" })); return; }
     box.replaceChildren(T.el("div", { class: "grid" },
       T.card("Chosen plan changes", Object.keys(s.chosen || {}).length ? T.kv(s.chosen) : T.el("p", { text: "keep the current plan" })),
-      T.card("Speed-up vs the starting plan [95% CI]", T.el("p", { text: interval(s.speedup, "x") })),
+      T.card("Speed-up vs the starting plan [95% CI]", T.el("p", { text: s.speedup ? interval(s.speedup, "x") : (s.decision ?? "–") })),
       T.card("Evidence and the rest", T.kv(Object.fromEntries(Object.entries(s).filter(([k]) => !["chosen", "speedup"].includes(k)))))));
   };
   // Ratio intervals as an SVG: one row per trial with a ratio, lines at 1 and the floor.
@@ -44,7 +44,16 @@
   const intervals = () => {
     const box = document.getElementById("intervals");
     const rows = [...trials.values()].filter((t) => t.figures && t.figures.ratio && "low" in t.figures.ratio);
-    if (!rows.length) { box.replaceChildren(T.el("p", { class: "muted", text: "no trial measured against the plan yet" })); return; }
+    if (!rows.length) {
+      // A hyper-parameter search ranks its trials by time to target, one run each; an
+      // interval exists only once paired runs confirm the best one.
+      const hp = ((session.config || {}).tune || {}).mode === "hparams";
+      const why = (session.summary || {}).decision;
+      box.replaceChildren(T.el("p", { class: "muted", text: hp
+        ? "a hyper-parameter search: trials are ranked by their time to target in one run each (the table below); an interval comes only from paired runs that confirm the best trial" + (why ? `. ${why}` : "")
+        : "no trial measured against the plan yet" }));
+      return;
+    }
     const lows = rows.map((t) => T.num(t.figures.ratio.low)), highs = rows.map((t) => T.num(t.figures.ratio.high));
     // A log axis (ratios), spanning the estimates and the floor with room either side: an
     // interval of a run or two can reach 0.01x-100x and would squash every estimate
