@@ -257,3 +257,37 @@ def test_token_guards_the_browser_off_loopback(store: Path, serve, browser) -> N
         assert not math.isnan(page.evaluate("tandem.charts.loss.u.data[1][0]"))
     finally:
         context.close()
+
+
+def test_pages_say_what_the_analysis_says(tmp_path: Path, serve, page) -> None:
+    """A resized run's sizes on the Runs page; a small outlier named so in the events; a
+    hyper-parameter search's decision where it has no interval."""
+    path = tmp_path / "tandem.db"
+    with RunStore(path) as s:
+        s.start_run("fit-1", "fit", {}, {"strategy": "ddp"}, {"world_size": 2})
+        s.log_metrics("fit-1", [row for i in range(40) for row in (
+            (10 * (i + 1), -1, "loss", 2.3 * 0.8 ** i, 1000.0 + i),
+            (10 * (i + 1), -1, "grad_norm", 1.5 * 0.85 ** i, 1000.0 + i))])
+        for i, size in enumerate((2, 1, 2)):
+            s.log_event("fit-1", 100 * i, -1, "segment", f"{size} x cpu", float(size),
+                        time_s=1000.0 + i)
+        s.log_event("fit-1", 305, -1, "loss_spike", "z 40", 0.09)  # 3.9% of the start
+        s.log_event("fit-1", 306, -1, "loss_spike", "z 60", 0.2)  # 8.7%: instability
+        s.finish_run("fit-1", "completed", {"steps": 400})
+        decision = ("keep the current settings: the best trial (03, 2.29 s) was not under "
+                    "2.22 s (the current settings' 2.34 s less 5%) in its one run; nothing "
+                    "to confirm")
+        s.start_run("tune-hp", "tune-hp", {"tune": {"mode": "hparams", "min_gain": 0.05}},
+                    {}, {})
+        s.log_trial("tune-hp", "00", {}, "complete", {"label": "baseline",
+                                                      "kind": "hparams"}, "baseline")
+        s.finish_run("tune-hp", "completed", {"chosen": {}, "trials": 1, "decision": decision})
+    server = serve(path)
+    open_page(page, server.url("/runs", local=True))
+    assert "2 → 1 → 2" in page.inner_text("tr[data-run='fit-1']")
+    open_page(page, server.url("/run/fit-1", local=True))
+    rows = page.inner_text("#events")
+    assert "loss_spike (small)" in rows and rows.count("(small)") == 1, rows
+    open_page(page, server.url("/tuner?session=tune-hp", local=True))
+    assert decision in page.inner_text("#intervals")
+    assert decision in page.inner_text("#decision")
