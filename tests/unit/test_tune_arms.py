@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tandem.tune import stats
-from tandem.tune.arms import PLACEBO, Arm, Bench
+from tandem.tune.arms import PLACEBO, Arm, Bench, Pair
 from tandem.tune.trial import RunOutcome
 
 
@@ -115,3 +115,31 @@ def test_record_holds_the_evidence() -> None:
     assert record["medians"]["arm"] > 2 * record["medians"]["reference"]
     assert record["noise"]["placebo_pairs"] == 3 and record["noise"]["df"] >= 3
     assert record["ratio"]["low"] > record["noise"]["floor"]
+
+
+def _pairs(arm: Arm, ratios: list[float]) -> Arm:
+    """Pairs of runs whose 'wall' figures have the given arm / reference ratios."""
+    for i, ratio in enumerate(ratios):
+        arm.pairs.append(Pair(RunOutcome("ref", ok=True, summary={"wall": 100.0}),
+                              RunOutcome("arm", ok=True, summary={"wall": 100.0 * ratio}),
+                              i % 2 == 1, lambda run: run.summary))
+    return arm
+
+
+def test_an_adoption_that_later_noise_swamps_is_revoked_with_what_came_after() -> None:
+    bench = Bench(lambda *a: RunOutcome("x", ok=False), 0.05)
+    bench.add(_pairs(Arm("placebo", PLACEBO, {}, {}), [1.01, 0.99, 1.00]))
+    a = bench.add(_pairs(Arm("a", "candidate", {"a": 1}, {}), [1.30, 1.34]))
+    strong = bench.add(_pairs(Arm("b", "candidate", {"b": 1}, {}), [5.0, 5.2]))
+    # on the quiet pairs so far: both clear the floor (max(1.05, the placebo's bound))
+    assert bench.judge(a) == "win" and bench.judge(strong) == "win"
+    assert bench.rejudge([a, strong]) == ([a, strong], [])
+    # a later arm shows the machine far noisier: pair ratios from 0.6x to 1.7x
+    bench.add(_pairs(Arm("noisy", "candidate", {"c": 1}, {}), [1.7, 0.6, 1.6, 0.65]))
+    sd, _ = bench.noise("wall")
+    assert sd > 0.3
+    # a's 1.32x no longer clears it (its interval now reaches below 1); b, measured on
+    # top of a, goes with it although its own 5x still would
+    assert bench.interval(a).low <= bench.floor("wall") < bench.interval(strong).low
+    assert bench.rejudge([a, strong]) == ([], [a, strong])
+    assert bench.rejudge([strong]) == ([strong], [])

@@ -141,6 +141,20 @@ class Bench:
             return "more"
         return stats.judge(iv, self.floor(arm.figure), min_pairs, max_pairs)
 
+    def rejudge(self, adopted: list[Arm]) -> tuple[list[Arm], list[Arm]]:
+        """The adoptions that still clear the floor with the session's final noise, and
+        those that do not: (kept, revoked).
+
+        An arm was adopted on the noise pooled when it was judged; the arms measured
+        after it may show the machine noisier than that. Each adoption is judged again
+        in order; at the first whose lower bound no longer clears the floor, it and every
+        later one (measured on top of it) are revoked."""
+        for i, arm in enumerate(adopted):
+            iv = self.interval(arm)
+            if iv is None or not iv.low > self.floor(arm.figure):
+                return adopted[:i], adopted[i:]
+        return list(adopted), []
+
     # ------------------------------------------------------------------ record
     def noise_record(self, figure: str) -> dict[str, Any]:
         """The session's noise as it stands: pooled sd, df, the placebo, the floor."""

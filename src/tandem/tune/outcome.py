@@ -35,7 +35,7 @@ class Record:
     label: str
     kind: str  # baseline, placebo, control, candidate, confirm
     status: str  # measured, bound, skipped, stopped-early, not-significant, rejected,
-    #              adopted, failed, invalid
+    #              adopted, revoked (adopted, then undone by the final noise), failed, invalid
     changes: dict[str, Any]
     figures: dict[str, Any]
     decision: str

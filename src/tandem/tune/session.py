@@ -18,7 +18,11 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    checked on its first pair: one that trains worse is rejected there. A
    winner becomes the plan later arms are measured against; its last run is measured
    and diagnosed again, and its proposals join the queue.
-5. **The claim**: one adoption's interval is against the original plan already; after
+5. **Judged again**: at the end every adoption is judged once more with the session's
+   final noise (the arms after it may have shown the machine noisier than when it won);
+   one whose lower bound no longer clears the floor is revoked, with every adoption
+   measured on top of it (`Bench.rejudge`).
+6. **The claim**: one adoption's interval is against the original plan already; after
    several, the chosen plan is measured against the original in pairs when the budget
    allows (else the adopted ratios are combined).
 
@@ -367,7 +371,29 @@ class Tuner:
                  if "wall" in r.figures] if placebo else [])
         return tstats.rate_interval(runs, self.s.confidence) if runs else None
 
+    def _rejudge(self) -> None:
+        """Judge the adoptions again with the session's final noise; revoke those whose
+        lower bound no longer clears the floor (and those adopted on top of them)."""
+        kept, revoked = self.bench.rejudge(self.adopted)
+        if not revoked:
+            return
+        sd, df = self.bench.noise("wall")
+        floor = f"{self.bench.floor('wall'):.3g}"
+        for arm in revoked:
+            own = {k: v for k, v in arm.changes.items() if arm.reference.get(k) != v}
+            figures = self.bench.record(arm)
+            self._record(arm.label, "candidate", "revoked", own, figures,
+                         f"judged again with the session's final noise (pair sd "
+                         f"{sd:.1%}, {df} df): {evidence_text(figures)}: lower bound not "
+                         f"above the floor {floor}" if arm is revoked[0] else
+                         f"adopted on top of a revoked change: {evidence_text(figures)}")
+            for key in own:
+                self.evidence.pop(key, None)
+        self.adopted = kept
+        self.incumbent = dict(kept[-1].changes) if kept else {}
+
     def _result(self) -> TuneResult:
+        self._rejudge()
         self.speed = self._speedup()
         return TuneResult(
             session_id=self.session, changes=dict(self.incumbent), records=self.records,
