@@ -89,8 +89,10 @@ def unstable(groups: Mapping[str, Sequence[Metric]], events: Iterable[Mapping[st
                         for m in groups.get(name, ()) if not math.isfinite(m["value"])})
     loss0, grad0 = start_levels(groups)
     outliers = [e for e in events if event_kind(e.get("kind", "")) in UNSTABLE_EVENT_KINDS]
-    small = [e for e in outliers if small_outlier(e, loss0, grad0)]
-    flagged = [e for e in outliers if e not in small]
+    small: list[Mapping[str, Any]] = []
+    flagged: list[Mapping[str, Any]] = []
+    for e in outliers:  # one pass: a long run has hundreds of events
+        (small if small_outlier(e, loss0, grad0) else flagged).append(e)
     spikes, small_spikes = _loss_spikes(groups, loss0)
     _, scale = series_of(groups, "loss_scale")
     drops = sum(b < a for a, b in zip(scale, scale[1:], strict=False))
