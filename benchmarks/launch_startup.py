@@ -1,29 +1,43 @@
-"""Start-up of `tandem run` with tandem's one-node agent against torchrun's, interleaved.
+"""Start-up of `tandem run` by launcher and by how its workers start, interleaved.
 
     python benchmarks/launch_startup.py [--pairs 6] [--nproc 2] [--example mnist1d_cnn]
+                                        [--arms auto,torchrun]
 
-Each pair runs the same short job twice, once per launcher (`--launcher auto`, which on
-one node is tandem's own agent, and `--launcher torchrun`), the order alternating from
-pair to pair. A run's start-up is the time from the command's start to its training
-loop's 'segment' event in the run store (the moment a resumed or resized job trains
-again, as the scheduler measures a resize); its total is the command's wall time.
-Prints each pair, then the medians and the median of the per-pair differences.
+Each round runs the same short job once per arm, the order rotating from round to round:
+
+- `auto`: `tandem run` with tandem's one-node agent, each worker a new interpreter;
+- `torchrun`: `--launcher torchrun`, torchrun's agent;
+- `warm`: tandem's agent with the scheduler's fork server (`tandem/forkserver.py`, its
+  default imports: torch, DCP, DTensor, dynamo, tandem), as the local backend runs it;
+- `warm-imports`: the same with the example's own heavy import as well (`--warm-import`;
+  MNIST-1D's `mnist1d.data`, which brings scipy).
+
+The fork servers start once, before the first round. A run's start-up is the time from
+the command's start to its training loop's 'segment' event in the run store (the moment
+a resumed or resized job trains again, as the scheduler measures a resize); its total is
+the command's wall time. Prints each run, then per arm the medians and the median of the
+per-round differences from the first arm.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _bench import QUIET, ROOT, RunStore, child_env, run_checked, tandem_command
 
-LAUNCHERS = ("auto", "torchrun")
+ARMS = ("auto", "torchrun", "warm", "warm-imports")
+OWN_IMPORTS = {"mnist1d_cnn": ["mnist1d.data"], "char_lm": []}
 
 
-def one(example: str, launcher: str, nproc: int, workdir: Path) -> tuple[float, float]:
+def one(example: str, launcher: str, nproc: int, workdir: Path,
+        extra_env: dict[str, str]) -> tuple[float, float]:
     """(start-up s, total s) of one short run."""
     store = workdir / "tandem.db"
     flags = [*QUIET, "--train.steps", "20", "--train.eval_every", "0", "--train.target", "",
@@ -32,39 +46,90 @@ def one(example: str, launcher: str, nproc: int, workdir: Path) -> tuple[float, 
     cmd = tandem_command(["--launcher", launcher, "--nproc-per-node", str(nproc)],
                          ROOT / "examples" / f"{example}.py", flags)
     began = time.time()
-    run_checked(cmd, timeout=300, env=child_env(), what=f"{launcher} run")
+    done = run_checked(cmd, timeout=300, env=child_env(extra_env), what=f"{launcher} run")
     total = time.time() - began
+    if "starts cold" in done.stderr:
+        raise RuntimeError(f"a warm arm started cold:\n{done.stderr[-2000:]}")
     with RunStore(store) as s:
         events = s.events(s.run("startup")["run_id"])
     segment = min(e["time"] for e in events if e["kind"] == "segment")
     return segment - began, total
 
 
+def fork_server(folder: Path, imports: list[str]) -> tuple[subprocess.Popen, str]:
+    """A fork server owned by this process, once it listens; returns it and its socket."""
+    path = str(folder / "socket")
+    command = [sys.executable, "-m", "tandem.forkserver", "--socket", path,
+               "--owner", str(os.getpid())]
+    for name in imports:
+        command += ["--import", name]
+    proc = subprocess.Popen(command, env=child_env(), start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(path):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the fork server did not start")
+        time.sleep(0.1)
+    return proc, path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--pairs", type=int, default=6, help="rounds (each runs every arm)")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--example", default="mnist1d_cnn")
+    parser.add_argument("--example", default="mnist1d_cnn", choices=sorted(OWN_IMPORTS))
+    parser.add_argument("--arms", default="auto,torchrun",
+                        help=f"comma-separated, the first the reference ({', '.join(ARMS)})")
     args = parser.parse_args()
-    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in LAUNCHERS}
-    print(f"{args.example}, {args.nproc} processes, {args.pairs} pairs")
-    print("pair  launcher   start-up s  total s")
-    for pair in range(args.pairs):
-        order = LAUNCHERS if pair % 2 == 0 else LAUNCHERS[::-1]
-        for launcher in order:
-            with tempfile.TemporaryDirectory(prefix="tandem-startup-") as tmp:
-                startup, total = one(args.example, launcher, args.nproc, Path(tmp))
-            figures[launcher].append((startup, total))
-            print(f"{pair:>4}  {launcher:<9}  {startup:>10.2f}  {total:>7.2f}")
-    ours, theirs = figures["auto"], figures["torchrun"]
+    arms = args.arms.split(",")
+    if not set(arms) <= set(ARMS) or len(arms) < 2:
+        parser.error(f"--arms: {args.arms!r}; need two or more of {', '.join(ARMS)}")
+    servers: list[subprocess.Popen] = []
+    envs: dict[str, dict[str, str]] = {arm: {} for arm in arms}
+    with tempfile.TemporaryDirectory(prefix="tandem-forkservers-") as folder:
+        for arm in arms:
+            if arm.startswith("warm"):
+                own = OWN_IMPORTS[args.example] if arm == "warm-imports" else []
+                (Path(folder) / arm).mkdir()
+                proc, path = fork_server(Path(folder) / arm, own)
+                servers.append(proc)
+                envs[arm] = {"TANDEM_FORKSERVER": path}
+        try:
+            figures = rounds(args, arms, envs)
+        finally:
+            for proc in servers:
+                proc.terminate()
+                proc.wait(timeout=30)
     print()
-    for i, what in enumerate(("start-up", "total")):
-        mine = statistics.median(f[i] for f in ours)
-        base = statistics.median(f[i] for f in theirs)
-        saved = [t[i] - o[i] for o, t in zip(ours, theirs, strict=True)]
-        print(f"{what:<9} median: tandem's agent {mine:.2f} s, torchrun's {base:.2f} s; "
-              f"per pair torchrun's minus tandem's: median {statistics.median(saved):.2f} s "
-              f"(range {min(saved):.2f} .. {max(saved):.2f})")
+    first = arms[0]
+    for arm in arms:
+        parts = []
+        for i, what in enumerate(("start-up", "total")):
+            mine = statistics.median(f[i] for f in figures[arm])
+            parts.append(f"{what} median {mine:.2f} s")
+            if arm != first:
+                diff = [o[i] - a[i] for o, a in zip(figures[first], figures[arm], strict=True)]
+                parts[-1] += (f" ({first} minus {arm} per round: median "
+                              f"{statistics.median(diff):.2f} s, {min(diff):.2f} .. "
+                              f"{max(diff):.2f})")
+        print(f"{arm:<13} " + "; ".join(parts))
+
+
+def rounds(args: argparse.Namespace, arms: list[str],
+           envs: dict[str, dict[str, str]]) -> dict[str, list[tuple[float, float]]]:
+    figures: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
+    print(f"{args.example}, {args.nproc} processes, {args.pairs} rounds, load "
+          f"{os.getloadavg()[0]:.1f}")
+    print("round  arm            start-up s  total s")
+    for pair in range(args.pairs):
+        order = arms[pair % len(arms):] + arms[:pair % len(arms)]
+        for arm in order:
+            launcher = "torchrun" if arm == "torchrun" else "auto"
+            with tempfile.TemporaryDirectory(prefix="tandem-startup-") as tmp:
+                startup, total = one(args.example, launcher, args.nproc, Path(tmp), envs[arm])
+            figures[arm].append((startup, total))
+            print(f"{pair:>5}  {arm:<13}  {startup:>10.2f}  {total:>7.2f}", flush=True)
+    print(f"load after: {os.getloadavg()[0]:.1f}")
+    return figures
 
 
 if __name__ == "__main__":

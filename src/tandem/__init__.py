@@ -24,9 +24,14 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'tandem' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+    module = importlib.import_module(home)
+    # Every name from that module, not only this one: importing `tandem.fit` bound the
+    # submodule to `tandem.fit`, which must name the function (`from tandem import
+    # RunResult` before `tandem.fit(task)`).
+    for other, its_home in _HOMES.items():
+        if its_home == home:
+            globals()[other] = getattr(module, other)
+    return globals()[name]
 
 
 def __dir__() -> list[str]:

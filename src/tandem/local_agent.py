@@ -20,15 +20,24 @@ what torchrun's agent does on one node:
   exits quietly: the worker's own one-line message says it all);
 - SIGTERM, SIGINT, SIGHUP or SIGQUIT: passed to every worker once; the agent waits for
   them (SIGKILL after 30 s) and exits 128 + the signal's number.
+
+With TANDEM_FORKSERVER set to a fork server's socket (the scheduler's local backend sets
+it; see `tandem/forkserver.py`), each worker is forked from that server, which has
+imported torch already, instead of started as a new interpreter; where the server is
+not there or cannot fork this worker the worker starts cold, and the agent says why in
+one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -41,6 +50,8 @@ HOST = "127.0.0.1"
 # Below Linux's ephemeral range (32768-60999): no outgoing connection takes the port
 # between the moment it is found free and the moment rank 0 binds it.
 PORT_RANGE = (20000, 32000)
+FORKSERVER_ENV = "TANDEM_FORKSERVER"
+HEADER = struct.Struct("!I")  # tandem.forkserver.HEADER: a message's length
 
 
 def free_port() -> int:
@@ -78,6 +89,103 @@ def worker_env(rank: int, nproc: int, port: int, restart: int, max_restarts: int
     return env
 
 
+class WarmWorker:
+    """A worker forked by the fork server, watched like a `subprocess.Popen`.
+
+    Its exit status comes over the connection; if the connection closes without one
+    (the server went away) the worker is killed and counts as killed by SIGKILL.
+    """
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.returncode: int | None = None
+        self.buffer = b""
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self.sock], [], [], 0)[0]:
+            self._read()
+        return self.returncode
+
+    def _read(self) -> None:
+        try:
+            data = self.sock.recv(4096)
+        except OSError:
+            data = b""
+        if not data:
+            self._lost()
+            return
+        self.buffer += data
+        if len(self.buffer) >= HEADER.size:
+            size = HEADER.unpack(self.buffer[:HEADER.size])[0]
+            if len(self.buffer) >= HEADER.size + size:
+                message = json.loads(self.buffer[HEADER.size:HEADER.size + size])
+                self.returncode = int(message["exit"])
+                self.sock.close()
+
+    def _lost(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.returncode = -signal.SIGKILL
+        self.sock.close()
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            select.select([self.sock], [], [], 1.0)
+        return self.returncode
+
+
+def warm_worker(command: list[str], env: dict[str, str]) -> WarmWorker | str:
+    """The worker forked by the fork server named in the environment, or why not."""
+    path = os.environ.get(FORKSERVER_ENV)
+    if not path:
+        return "no fork server"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(10.0)
+        sock.connect(path)
+        body = json.dumps({"argv": command, "env": env, "cwd": os.getcwd()}).encode()
+        data = HEADER.pack(len(body)) + body
+        sent = socket.send_fds(sock, [data], [0, 1, 2])
+        sock.sendall(data[sent:])
+        head = _recv_exact(sock, HEADER.size)
+        reply = json.loads(_recv_exact(sock, HEADER.unpack(head)[0]))
+    except (OSError, ValueError, struct.error) as err:
+        sock.close()
+        return f"fork server {path}: {err}"
+    if "pid" not in reply:
+        sock.close()
+        return str(reply.get("error", reply))
+    sock.settimeout(None)
+    return WarmWorker(sock, int(reply["pid"]))
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise OSError("the fork server closed the connection")
+        data += chunk
+    return data
+
+
+def start_worker(command: list[str], env: dict[str, str]) -> subprocess.Popen | WarmWorker:
+    """A worker running `command`: forked warm where a fork server can, else cold."""
+    if os.environ.get(FORKSERVER_ENV):
+        warm = warm_worker(command, env)
+        if isinstance(warm, WarmWorker):
+            return warm
+        sys.stderr.write(f"tandem: rank {env['RANK']} starts cold: {warm}\n")
+    return subprocess.Popen(command, env=env)
+
+
 class Group:
     """One attempt's workers."""
 
@@ -85,8 +193,8 @@ class Group:
                  run_id: str) -> None:
         port = free_port()
         self.procs = [
-            subprocess.Popen(command, env=worker_env(rank, nproc, port, restart,
-                                                     max_restarts, run_id))
+            start_worker(command, worker_env(rank, nproc, port, restart, max_restarts,
+                                             run_id))
             for rank in range(nproc)
         ]
 

@@ -132,7 +132,7 @@ def test_unresized_job_assumes_the_resizes_measured_here(tmp_path: Path) -> None
     with SchedStore(path) as sched:
         a = sched.submit(_job(tmp_path, "a"))
         b = sched.submit(_job(tmp_path, "b"))
-    service = Service(path, LocalBackend(slots=2), TiresiasPolicy(),
+    service = Service(path, LocalBackend(slots=2, warm=False), TiresiasPolicy(),
                       ServiceOptions(restart_delay_s=15.0))
     try:
         before = {s.record.job_id: s.default_restart_delay for s in service.states()}

@@ -52,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default 2)")
     parser.add_argument("--slots", type=int, default=None,
                         help="local: slots to hand out (default: GPUs, else CPU cores)")
+    parser.add_argument("--warm-workers", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="local: fork workers from a process that has imported torch "
+                             "(default; --no-warm-workers starts each one cold)")
+    parser.add_argument("--warm-import", action="append", default=[], metavar="MODULE",
+                        help="local: a module the warm process also imports (repeatable), "
+                             "e.g. the jobs' own heavy imports")
     parser.add_argument("--ray-address", default=None,
                         help="ray: the cluster's address (default: $RAY_ADDRESS)")
     parser.add_argument("--partition", default=None, help="slurm: partition to submit to")
@@ -84,7 +91,7 @@ def make_backend(ns: argparse.Namespace) -> Any:
     if ns.backend == "local":
         from tandem.sched.local_backend import LocalBackend
 
-        return LocalBackend(ns.slots)
+        return LocalBackend(ns.slots, warm=ns.warm_workers, warm_imports=ns.warm_import)
     if ns.backend == "ray":
         from tandem.sched.ray_backend import RayBackend
 
