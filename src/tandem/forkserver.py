@@ -22,7 +22,9 @@ differ from it: another interpreter or interpreter flags, other `PYTHON*` or `LD
 variables (read when an interpreter starts; PYTHONPATH may differ where it would not
 bring another copy of a module the server imported), or a server that is not single-threaded
 (a fork copies only the calling thread; numpy's OpenBLAS pool is kept to one thread
-here, and nothing the server imports may start another). After the fork the child
+here, and nothing the server imports may start another) or one whose imports loaded the
+CUDA driver (nothing of torch's does on import; a GPU worker then starts cold, never
+broken). After the fork the child
 seeds `random` (and numpy's global generator) afresh, as a new interpreter would, and
 sets torch's thread count from OMP_NUM_THREADS.
 
@@ -128,7 +130,16 @@ def incompatibility(argv: list[str], env: dict[str, str], cwd: str) -> str | Non
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         return f"the fork server runs {threads} threads"
+    if cuda_loaded():
+        return "the fork server's imports loaded the CUDA driver, which a fork cannot share"
     return None
+
+
+def cuda_loaded() -> bool:
+    """Whether this process has loaded the CUDA driver (it does on its first CUDA call,
+    even `torch.cuda.is_available()`); a child forked after that cannot use CUDA."""
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        return any("libcuda.so" in line for line in maps)
 
 
 def run_worker(argv: list[str], env: dict[str, str], cwd: str) -> int:

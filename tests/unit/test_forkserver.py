@@ -195,3 +195,18 @@ def test_the_server_outlives_its_owner_only_while_its_workers_run(tmp_path: Path
         if server.is_running():
             server.kill()
         kill_tree(owner)
+
+
+def test_a_process_that_loaded_the_cuda_driver_is_seen(tmp_path: Path) -> None:
+    # A file named as the driver, mapped as a loaded library would be: what the check reads.
+    driver = tmp_path / "libcuda.so.1"
+    driver.write_bytes(b"\0" * 4096)
+    probe = ("import mmap, sys\n"
+             "from tandem.forkserver import cuda_loaded\n"
+             "before = cuda_loaded()\n"
+             "f = open(sys.argv[1], 'rb')\n"
+             "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+             "print(before, cuda_loaded())\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(driver)], capture_output=True,
+                          text=True, timeout=60)
+    assert done.stdout.split() == ["False", "True"], done.stderr
