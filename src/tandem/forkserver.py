@@ -56,19 +56,20 @@ DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint",
 # Variables an interpreter reads when it starts: a worker that wants other values than
 # the server started with cannot be forked from it.
 START_PREFIXES = ("PYTHON", "LD_")
-HEADER = struct.Struct("!I")
+HEADER = struct.Struct("!I")  # a message's length, before its JSON
+FORKSERVER_ENV = "TANDEM_FORKSERVER"  # the socket, in a launcher's environment
 STREAMS = 3  # stdin, stdout, stderr
 REAP_S = 0.05
 SERVER_PATH: list[str] = []  # the fork server's own PYTHONPATH entries, as in sys.path
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
-    """`size` bytes from a blocking socket (b"" if it closed first)."""
+    """`size` bytes from a blocking socket; OSError if it closes first."""
     chunks = []
     while size:
         data = sock.recv(size)
         if not data:
-            return b""
+            raise OSError("the connection closed in the middle of a message")
         chunks.append(data)
         size -= len(data)
     return b"".join(chunks)
@@ -80,9 +81,9 @@ def send_message(sock: socket.socket, message: dict[str, Any],
     body = json.dumps(message).encode()
     data = HEADER.pack(len(body)) + body
     if fds:
-        sent = socket.send_fds(sock, [data], fds)
-        data = data[sent:]
-    sock.sendall(data)
+        data = data[socket.send_fds(sock, [data], fds):]
+    if data:  # (sendall of nothing still sends: EPIPE where the peer has answered and gone)
+        sock.sendall(data)
 
 
 def python_path(value: str, cwd: str) -> list[str]:

@@ -1,10 +1,11 @@
 """One node's workers, started and watched without torchrun's agent.
 
 `tandem run` on one node starts this file by path (`python .../local_agent.py ...`): it
-imports nothing but the standard library, so the workers start about as soon as the
-command does. torchrun's agent imports torch before it starts any worker (1.8 s on a
-2-core machine), a serial cost paid at every start, restart and resize of a job; on
-one node its rendezvous has nothing to agree on, so this agent does without it.
+imports nothing but the standard library (and the fork server's protocol from
+`forkserver.py` beside it, which imports nothing else), so the workers start about as
+soon as the command does. torchrun's agent imports torch before it starts any worker
+(1.8 s on a 2-core machine), a serial cost paid at every start, restart and resize of
+a job; on one node its rendezvous has nothing to agree on, so this agent does without it.
 
 What the workers see is what torchrun gives them: RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_NAME, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE,
@@ -43,6 +44,23 @@ import sys
 import time
 import uuid
 
+
+def _sibling(name: str):  # noqa: ANN202 - a module
+    """A module of this package, loaded from its file beside this one: a job's PYTHONPATH,
+    which this agent inherits, may hold another `tandem` (or none)."""
+    from importlib import util
+
+    spec = util.spec_from_file_location(f"_tandem_{name}",
+                                        os.path.join(os.path.dirname(__file__), f"{name}.py"))
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_protocol = _sibling("forkserver")
+FORKSERVER_ENV, HEADER = _protocol.FORKSERVER_ENV, _protocol.HEADER
+recv_exact, send_message = _protocol.recv_exact, _protocol.send_message
+
 USAGE_EXIT_CODE = 2  # tandem.errors.USAGE_EXIT_CODE (not imported: that imports torch)
 STOP_TIMEOUT_S = 30.0  # torchrun's own grace before SIGKILL
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -50,8 +68,6 @@ HOST = "127.0.0.1"
 # Below Linux's ephemeral range (32768-60999): no outgoing connection takes the port
 # between the moment it is found free and the moment rank 0 binds it.
 PORT_RANGE = (20000, 32000)
-FORKSERVER_ENV = "TANDEM_FORKSERVER"
-HEADER = struct.Struct("!I")  # tandem.forkserver.HEADER: a message's length
 
 
 def free_port() -> int:
@@ -150,12 +166,9 @@ def warm_worker(command: list[str], env: dict[str, str]) -> WarmWorker | str:
     try:
         sock.settimeout(10.0)
         sock.connect(path)
-        body = json.dumps({"argv": command, "env": env, "cwd": os.getcwd()}).encode()
-        data = HEADER.pack(len(body)) + body
-        sent = socket.send_fds(sock, [data], [0, 1, 2])
-        sock.sendall(data[sent:])
-        head = _recv_exact(sock, HEADER.size)
-        reply = json.loads(_recv_exact(sock, HEADER.unpack(head)[0]))
+        send_message(sock, {"argv": command, "env": env, "cwd": os.getcwd()}, [0, 1, 2])
+        head = recv_exact(sock, HEADER.size)
+        reply = json.loads(recv_exact(sock, HEADER.unpack(head)[0]))
     except (OSError, ValueError, struct.error) as err:
         sock.close()
         return f"fork server {path}: {err}"
@@ -164,16 +177,6 @@ def warm_worker(command: list[str], env: dict[str, str]) -> WarmWorker | str:
         return str(reply.get("error", reply))
     sock.settimeout(None)
     return WarmWorker(sock, int(reply["pid"]))
-
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise OSError("the fork server closed the connection")
-        data += chunk
-    return data
 
 
 def start_worker(command: list[str], env: dict[str, str]) -> subprocess.Popen | WarmWorker:

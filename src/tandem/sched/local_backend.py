@@ -31,6 +31,7 @@ from typing import Any
 
 import psutil
 
+from tandem.forkserver import FORKSERVER_ENV
 from tandem.sched.attempt import SHIM_FILE, read_json
 from tandem.sched.backend import (
     ATTEMPT_ENV,
@@ -40,8 +41,6 @@ from tandem.sched.backend import (
     shim_command,
 )
 from tandem.sched.cluster import Cluster
-
-FORKSERVER_ENV = "TANDEM_FORKSERVER"  # tandem.local_agent.FORKSERVER_ENV
 
 log = logging.getLogger("tandem")
 
