@@ -45,8 +45,11 @@ def one(example: str, launcher: str, nproc: int, workdir: Path,
              "--monitor.store", str(store)]
     cmd = tandem_command(["--launcher", launcher, "--nproc-per-node", str(nproc)],
                          ROOT / "examples" / f"{example}.py", flags)
+    env = child_env(extra_env)
+    if not extra_env:
+        env.pop("TANDEM_FORKSERVER", None)  # a cold arm starts cold
     began = time.time()
-    done = run_checked(cmd, timeout=300, env=child_env(extra_env), what=f"{launcher} run")
+    done = run_checked(cmd, timeout=300, env=env, what=f"{launcher} run")
     total = time.time() - began
     if "starts cold" in done.stderr:
         raise RuntimeError(f"a warm arm started cold:\n{done.stderr[-2000:]}")

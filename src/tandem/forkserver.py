@@ -6,27 +6,38 @@ needs) and `torch._dynamo` (0.6 s, imported by the first optimizer), before the 
 own modules. Every start, restart and resize of a scheduled job pays it again. The
 scheduler's local backend runs one fork server beside it (`python -m tandem.forkserver
 --socket PATH --owner PID [--import MODULE ...]`): it imports those modules, then waits
-on a Unix socket in a directory only its user can open. Asked by `tandem/local_agent.py`
-for a worker (the command line, the environment, the working directory and the three
-standard streams, passed as file descriptors), it forks; the child takes the streams,
-the environment and the directory, and runs the script as `python -u SCRIPT ARGS` (or
-`python -u -m MODULE ARGS`) would, with `__name__ == "__main__"`.
+on a Unix socket in a directory only its user can open (and answers only its own user).
+Asked by `tandem/local_agent.py` for a worker (the command line, the environment, the
+working directory and the three standard streams, passed as file descriptors), it
+forks; the child starts a session of its own, takes the streams, the environment, the
+directory, `sys.argv`, `sys.path` and a new `__main__` module, and runs the script as
+`python -u SCRIPT ARGS` (or `python -u -m MODULE ARGS`) would; it ends through the
+interpreter's own exit (atexit, threads, buffers), its uncaught traceback starting at the
+script. It seeds `random` and numpy's global generator afresh, as a new interpreter
+would, and sets torch's thread count from OMP_NUM_THREADS. What it cannot renew: the
+hash seed of `str` (one per server) and the atexit functions the server's imports
+registered (they run in every worker, as they would in a cold one that imported the
+same modules).
 
 The server answers with the child's pid, and when the child ends, with its exit status
-in `subprocess.Popen.returncode`'s terms (-N for a signal). The agent signals its
-workers by pid as before. If the agent's connection closes while its worker runs (the
-agent was killed), the server kills the worker: nothing outlives the attempt.
+in `subprocess.Popen.returncode`'s terms (-N for a signal). The agent signals its workers
+by pid. If the agent's connection closes while its worker runs (the agent was killed),
+the server kills the worker; if the server dies, its workers get SIGTERM (a committed
+checkpoint) and their agents report them failed. `kill_forked(path, marker)` kills the
+workers of one scheduler attempt (their environment as the kernel shows it is the
+server's, so they do not carry the attempt's marker there).
 
 A worker starts cold instead (the agent says so in one line) where a warm one could
-differ from it: another interpreter or interpreter flags, other `PYTHON*` or `LD_*`
-variables (read when an interpreter starts; PYTHONPATH may differ where it would not
-bring another copy of a module the server imported), or a server that is not single-threaded
-(a fork copies only the calling thread; numpy's OpenBLAS pool is kept to one thread
-here, and nothing the server imports may start another) or one whose imports loaded the
-CUDA driver (nothing of torch's does on import; a GPU worker then starts cold, never
-broken). After the fork the child
-seeds `random` (and numpy's global generator) afresh, as a new interpreter would, and
-sets torch's thread count from OMP_NUM_THREADS.
+differ from it: another interpreter (the path itself: a virtualenv's `python` links to
+the base one) or interpreter flags; variables read when an interpreter starts or when
+the server's modules were imported (`PYTHON*`, `LD_*`, `TORCH*`, `PYTORCH*`, `OMP_*`
+but OMP_NUM_THREADS, `KMP_*`, `GOMP_*`, `MKL_*`, `OPENBLAS_*`, `MALLOC_*`, `GLIBC_*`,
+`LC_*`, LANG, TZ, HOME) with other values than the server's; a PYTHONPATH that would
+import another copy of a module the server holds; a server that is not single-threaded
+(a fork copies only the calling thread: numpy's OpenBLAS pool is kept to one thread
+here) or whose imports loaded the CUDA driver (torch's do not); or a source file of
+tandem or of an `--import` changed since the server imported it (the server then stops
+taking requests, and the backend starts a new one).
 
 The server stops taking requests when its owner (the scheduler) exits or on SIGTERM,
 and exits once its last worker has: attempts outlive the scheduler, as they do cold.
@@ -35,9 +46,10 @@ and exits once its last worker has: attempts outlive the scheduler, as they do c
 from __future__ import annotations
 
 import argparse
-import atexit
+import builtins
 import gc
 import importlib
+import io
 import json
 import os
 import selectors
@@ -45,22 +57,30 @@ import signal
 import socket
 import struct
 import sys
-import threading
 import time
-import traceback
+import types
 import warnings
 from typing import Any
 
 DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint",
                    "torch.distributed.tensor", "torch._dynamo", "tandem.fit")
-# Variables an interpreter reads when it starts: a worker that wants other values than
-# the server started with cannot be forked from it.
-START_PREFIXES = ("PYTHON", "LD_")
+# Variables read when an interpreter starts or when the server's imports ran: a worker
+# that wants other values than the server started with cannot be forked from it.
+START_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", "MKL_",
+                  "OPENBLAS_", "MALLOC_", "GLIBC_", "LC_", "TANDEM_TUNE_")
+START_NAMES = ("LANG", "LANGUAGE", "TZ", "HOME")
+PER_WORKER = ("PYTHONPATH", "OMP_NUM_THREADS")  # applied after the fork
+PER_WORKER_PREFIXES = ("TORCHELASTIC_",)  # read at run time, not import time
 HEADER = struct.Struct("!I")  # a message's length, before its JSON
 FORKSERVER_ENV = "TANDEM_FORKSERVER"  # the socket, in a launcher's environment
+MARKER_ENV = "TANDEM_SCHED_ATTEMPT"  # tandem.sched.backend.ATTEMPT_ENV
 STREAMS = 3  # stdin, stdout, stderr
 REAP_S = 0.05
-SERVER_PATH: list[str] = []  # the fork server's own PYTHONPATH entries, as in sys.path
+SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD}
+PR_SET_PDEATHSIG = 1
+SERVER_PATH: list[str] = []  # the server's own PYTHONPATH entries, as in sys.path
+SERVER_ENV: dict[str, str] = {}  # the server's environment as it started
+WATCHED: dict[str, tuple[int, int]] = {}  # source file -> (mtime_ns, size) when imported
 
 
 def recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -84,6 +104,28 @@ def send_message(sock: socket.socket, message: dict[str, Any],
         data = data[socket.send_fds(sock, [data], fds):]
     if data:  # (sendall of nothing still sends: EPIPE where the peer has answered and gone)
         sock.sendall(data)
+
+
+def read_message(sock: socket.socket) -> dict[str, Any]:
+    """One message from a blocking socket."""
+    head = recv_exact(sock, HEADER.size)
+    message = json.loads(recv_exact(sock, HEADER.unpack(head)[0]))
+    if not isinstance(message, dict):
+        raise ValueError(f"a message must be a JSON object, not {type(message).__name__}")
+    return message
+
+
+def kill_forked(path: str, marker: str, timeout: float = 10.0) -> list[int]:
+    """SIGKILL the workers the server at `path` forked for the attempt with `marker`;
+    returns their pids ([] where the server is not there)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            send_message(sock, {"kill": marker})
+            return [int(pid) for pid in read_message(sock).get("killed", [])]
+        except (OSError, ValueError):
+            return []
 
 
 def python_path(value: str, cwd: str) -> list[str]:
@@ -110,10 +152,17 @@ def shadowed(entries: list[str]) -> str | None:
     return None
 
 
+def read_at_start(key: str) -> bool:
+    """Whether variable `key` was read when the server started or imported."""
+    if key in PER_WORKER or key.startswith(PER_WORKER_PREFIXES):
+        return False
+    return key.startswith(START_PREFIXES) or key in START_NAMES
+
+
 def incompatibility(argv: list[str], env: dict[str, str], cwd: str) -> str | None:
     """Why a worker with this command line and environment cannot be forked from this
     process (None if it can)."""
-    if not argv or os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+    if not argv or os.path.abspath(argv[0]) != sys.executable:
         return f"another interpreter ({argv[:1]}, not {sys.executable})"
     rest = argv[1:]
     if rest[:1] == ["-u"]:
@@ -121,9 +170,8 @@ def incompatibility(argv: list[str], env: dict[str, str], cwd: str) -> str | Non
     if not rest or (rest[0].startswith("-") and rest[0] != "-m") or rest[:1] == ["-m"] \
             and len(rest) < 2:
         return f"interpreter options other than -u ({argv[1:3]})"
-    for key in sorted({*env, *os.environ}):
-        if key.startswith(START_PREFIXES) and key != "PYTHONPATH" \
-                and env.get(key) != os.environ.get(key):
+    for key in sorted({*env, *SERVER_ENV}):
+        if read_at_start(key) and env.get(key) != SERVER_ENV.get(key):
             return f"{key} differs from the fork server's"
     clash = shadowed(python_path(env.get("PYTHONPATH", ""), cwd))
     if clash is not None:
@@ -133,7 +181,7 @@ def incompatibility(argv: list[str], env: dict[str, str], cwd: str) -> str | Non
         return f"the fork server runs {threads} threads"
     if cuda_loaded():
         return "the fork server's imports loaded the CUDA driver, which a fork cannot share"
-    return None
+    return changed()
 
 
 def cuda_loaded() -> bool:
@@ -143,37 +191,120 @@ def cuda_loaded() -> bool:
         return any("libcuda.so" in line for line in maps)
 
 
-def run_worker(argv: list[str], env: dict[str, str], cwd: str) -> int:
-    """In the forked child: become `argv` and run it; return its exit status."""
-    rest = argv[1:]
-    if rest[:1] == ["-u"]:
-        rest = rest[1:]
+def watch(tops: set[str]) -> None:
+    """Remember the source files of the imported modules under these top-level names."""
+    for name, module in list(sys.modules.items()):
+        where = getattr(module, "__file__", None)
+        if where and name.split(".")[0] in tops:
+            try:
+                info = os.stat(where)
+            except OSError:
+                continue
+            WATCHED[where] = (info.st_mtime_ns, info.st_size)
+
+
+def changed() -> str | None:
+    """A watched source file that changed since it was imported here, if any."""
+    for where, (mtime, size) in WATCHED.items():
+        try:
+            info = os.stat(where)
+        except OSError:
+            return f"{where} is gone since the fork server imported it"
+        if (info.st_mtime_ns, info.st_size) != (mtime, size):
+            return f"{where} changed since the fork server imported it"
+    return None
+
+
+class BecomeWorker(BaseException):
+    """Raised in the forked child: leave the server's frames, then run the worker."""
+
+    def __init__(self, request: dict[str, Any], fds: list[int], parent: int) -> None:
+        super().__init__()
+        self.request, self.fds, self.parent = request, fds, parent
+
+
+def run_worker(become: BecomeWorker) -> None:
+    """In the forked child, outside every frame of the server: become the worker.
+    Returns when the script does; what it raises, the interpreter handles, as it would
+    have in a worker started cold."""
+    argv, env, cwd = become.request["argv"], become.request["env"], become.request["cwd"]
+    _detach(become.parent)
+    for target, fd in enumerate(become.fds):
+        os.dup2(fd, target)
+        os.close(fd)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(line_buffering=True, write_through=True)
+    _unbuffered_stdio()
     _fresh_state(env)
-    import runpy
-
+    sys.excepthook = _script_traceback
+    rest = argv[1:]
+    if rest[:1] == ["-u"]:
+        rest = rest[1:]
+    sys.orig_argv = list(argv)
     entries = python_path(env.get("PYTHONPATH", ""), cwd)
-    kept = sys.path[1 + len(SERVER_PATH):] if sys.path[1:1 + len(SERVER_PATH)] == SERVER_PATH \
-        else sys.path[1:]
+    kept = sys.path[1 + len(SERVER_PATH):] \
+        if sys.path[1:1 + len(SERVER_PATH)] == SERVER_PATH else sys.path[1:]
     sys.path[1:] = list(dict.fromkeys([*entries, *kept]))  # as `site` leaves it: no repeats
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
     if rest[0] == "-m":
+        import runpy
+
         # The module may have been imported here before the fork; runpy runs it afresh
         # as __main__ either way, as `python -m` does, and need not say so.
         warnings.filterwarnings("ignore", category=RuntimeWarning,
                                 message=".*found in sys.modules after import of package")
         sys.argv = ["-m", *rest[2:]]
         sys.path[0] = cwd
-        runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
-    else:
-        script = os.path.abspath(rest[0])
-        sys.argv = [rest[0], *rest[1:]]
-        sys.path[0] = os.path.dirname(script)
-        runpy.run_path(script, run_name="__main__")
-    return 0
+        runpy._run_module_as_main(rest[1], alter_argv=True)  # what `python -m` runs
+        return
+    script = rest[0]
+    where = os.path.abspath(script)
+    from importlib.machinery import SourceFileLoader
+
+    main.__dict__.update(__file__=where, __cached__=None, __builtins__=builtins,
+                         __loader__=SourceFileLoader("__main__", where), __spec__=None,
+                         __package__=None, __annotations__={})
+    sys.argv = [script, *rest[1:]]
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    with io.open_code(where) as source:
+        code = compile(source.read(), where, "exec")
+    exec(code, main.__dict__)  # noqa: S102 - running the worker's script is the point
+
+
+def _detach(parent: int) -> None:
+    """A session of the worker's own (a `killpg` in it reaches no other job), SIGTERM if
+    the server dies, and the default signal handlers, unblocked."""
+    os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    except (OSError, AttributeError):
+        pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+    if os.getppid() != parent:  # the server died before the death signal was set
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _unbuffered_stdio() -> None:
+    """The standard streams `python -u` makes: stdout and stderr written through, unbuffered."""
+    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        encoding = getattr(old, "encoding", None) or "utf-8"
+        errors = getattr(old, "errors", None) or "strict"
+        if fd == 0:
+            stream = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "rb", closefd=False)),
+                                      encoding=encoding, errors=errors)
+        else:
+            stream = io.TextIOWrapper(io.FileIO(fd, "wb", closefd=False), encoding=encoding,
+                                      errors=errors, write_through=True)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def _fresh_state(env: dict[str, str]) -> None:
@@ -189,58 +320,15 @@ def _fresh_state(env: dict[str, str]) -> None:
         torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
 
 
-def child_main(request: dict[str, Any], fds: list[int]) -> None:
-    """The forked child: take the streams, run the worker, exit as an interpreter does."""
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    code = 1
-    interrupted = False
-    try:
-        code = run_worker(request["argv"], request["env"], request["cwd"])
-    except SystemExit as stop:
-        code = _exit_code(stop.code)
-    except KeyboardInterrupt as err:
-        traceback.print_exception(err.with_traceback(_own_frames(err.__traceback__)))
-        interrupted = True
-    except BaseException as err:  # noqa: BLE001 - an interpreter prints it and exits 1
-        err = err.with_traceback(_own_frames(err.__traceback__))
-        sys.excepthook(type(err), err, err.__traceback__)
-        code = 1
-    try:
-        threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize does first
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        if interrupted:  # as CPython: die of SIGINT, so the parent sees it
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        os._exit(code & 0xFF)
-
-
-def _own_frames(tb: Any) -> Any:
-    """The traceback from the worker's own first frame on (not this module's, not
-    runpy's), as an interpreter that ran the script would print it."""
-    while tb is not None and tb.tb_next is not None and (
-            tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")):
-        tb = tb.tb_next
-    return tb
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
+def _script_traceback(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+    """Print an uncaught exception without the server's frames (those up to this
+    module's last), as an interpreter that ran the worker cold would."""
+    start, frame = tb, tb
+    while frame is not None:
+        if frame.tb_frame.f_code.co_filename == __file__ and frame.tb_next is not None:
+            start = frame.tb_next
+        frame = frame.tb_next
+    sys.__excepthook__(kind, err.with_traceback(start), start)
 
 
 class Server:
@@ -252,10 +340,15 @@ class Server:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, socket.socket] = {}  # pid -> its agent's connection
+        self.markers: dict[int, str] = {}  # pid -> its scheduler attempt's marker
         self.stopping = False
+        self.asked_to_stop = False
 
     def serve(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self._stop())
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's, not the owner's
+            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # waitpid sees every exit
         tmp = f"{self.path}.{os.getpid()}"
         self.listener.bind(tmp)
         os.chmod(tmp, 0o600)
@@ -263,15 +356,19 @@ class Server:
         os.rename(tmp, self.path)  # ready: a client finds the socket only once it listens
         self.selector.register(self.listener, selectors.EVENT_READ)
         while not (self.stopping and not self.children):
-            if not self.stopping and os.getppid() != self.owner:
+            if not self.stopping and (self.asked_to_stop or os.getppid() != self.owner):
                 self._stop()
             for key, _ in self.selector.select(REAP_S):
                 if key.fileobj is self.listener:
-                    self._accept()
+                    if not self.stopping:
+                        self._accept()
                 else:
                     self._closed(key.fileobj)
             self._reap()
         return 0
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.asked_to_stop = True
 
     def _stop(self) -> None:
         if self.stopping:
@@ -285,44 +382,83 @@ class Server:
             pass
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
-        conn.settimeout(5.0)
         try:
+            conn, _ = self.listener.accept()
+        except OSError as err:
+            _say(f"accept failed: {err}")
+            return
+        fds: list[int] = []
+        try:
+            conn.settimeout(5.0)
             if _peer_uid(conn) != os.getuid():
-                conn.close()
                 return
             head, fds, _, _ = socket.recv_fds(conn, HEADER.size, STREAMS)
             if len(head) < HEADER.size:
                 head += recv_exact(conn, HEADER.size - len(head))
             request = json.loads(recv_exact(conn, HEADER.unpack(head)[0]))
-        except (OSError, ValueError, struct.error) as err:
-            conn.close()
-            print(f"tandem forkserver: bad request: {err}", file=sys.stderr)
-            return
-        why = incompatibility(request.get("argv", []), request.get("env", {}),
-                              request.get("cwd", "/"))
-        if why is None and len(fds) != STREAMS:
-            why = f"{len(fds)} file descriptors came, {STREAMS} needed"
-        if why is not None:
+            if not isinstance(request, dict):
+                raise ValueError("not a JSON object")
+            if "kill" in request:
+                self._reply(conn, {"killed": self._kill(str(request["kill"]))})
+                return
+            why = incompatibility(list(request["argv"]), dict(request["env"]),
+                                  str(request["cwd"]))
+            if why is None and len(fds) != STREAMS:
+                why = f"{len(fds)} file descriptors came, {STREAMS} needed"
+            if why is not None:
+                if "changed" in why or "is gone" in why:
+                    self._stop()  # stale: the backend starts a new server
+                self._reply(conn, {"error": why})
+                return
+            self._fork(conn, request, fds)
+            conn, fds = None, []  # the child's now
+        except BecomeWorker:
+            conn, fds = None, []  # the worker's now (the child closed its copy of conn)
+            raise
+        except Exception as err:  # noqa: BLE001 - one bad request must not end the server
+            _say(f"request failed: {type(err).__name__}: {err}")
+            if conn is not None:
+                self._reply(conn, {"error": f"{type(err).__name__}: {err}"})
+        finally:
             for fd in fds:
                 os.close(fd)
-            self._reply(conn, {"error": why})
-            conn.close()
-            return
-        pid = os.fork()
-        if pid == 0:
+            if conn is not None:
+                conn.close()
+
+    def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # nothing buffered here is written twice
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            pid = os.fork()
+        except OSError:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            raise
+        if pid == 0:  # the child: its handlers are the server's until it resets them
+            parent = os.getppid()
             self.selector.close()
             self.listener.close()
             for other in self.children.values():
                 other.close()
             conn.close()
-            child_main(request, fds)
+            raise BecomeWorker(request, fds, parent)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         for fd in fds:
             os.close(fd)
         self.children[pid] = conn
+        self.markers[pid] = str(request["env"].get(MARKER_ENV, ""))
         self._reply(conn, {"pid": pid})
         conn.setblocking(False)
         self.selector.register(conn, selectors.EVENT_READ, pid)
+
+    def _kill(self, marker: str) -> list[int]:
+        pids = [pid for pid, m in self.markers.items() if m == marker and marker]
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return pids
 
     def _reply(self, conn: socket.socket, message: dict[str, Any]) -> None:
         try:
@@ -357,11 +493,19 @@ class Server:
             if pid == 0:
                 return
             conn = self.children.pop(pid, None)
+            self.markers.pop(pid, None)
             if conn is None or conn.fileno() < 0:
                 continue
             self._reply(conn, {"exit": os.waitstatus_to_exitcode(status)})
             self.selector.unregister(conn)
             conn.close()
+
+
+def _say(line: str) -> None:
+    try:
+        print(f"tandem forkserver: {line}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -381,7 +525,7 @@ def _public_names() -> None:
             setattr(package, name, getattr(sys.modules[home], name))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> int | None:
     parser = argparse.ArgumentParser(prog="python -m tandem.forkserver")
     parser.add_argument("--socket", required=True, help="where to listen (a new path)")
     parser.add_argument("--owner", type=int, required=True,
@@ -391,25 +535,31 @@ def main(argv: list[str] | None = None) -> int:
                              "added to the defaults)")
     ns = parser.parse_args(argv)
     started = time.perf_counter()
+    SERVER_ENV.update(os.environ)
+    SERVER_PATH[:] = python_path(os.environ.get("PYTHONPATH", ""), os.getcwd())
     # Before any import reads them: numpy's OpenBLAS starts no thread pool (a fork copies
     # only the calling thread), and torch's OpenMP default is the machine's, as in a new
     # interpreter without OMP_NUM_THREADS (a worker with it gets it after the fork).
-    SERVER_PATH[:] = python_path(os.environ.get("PYTHONPATH", ""), os.getcwd())
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.pop(key, None)
+    os.environ.pop("OMP_NUM_THREADS", None)
     for name in (*DEFAULT_IMPORTS, *ns.modules):
         try:
             importlib.import_module(name)
         except Exception as err:  # noqa: BLE001 - a module that fails stays cold
-            print(f"tandem forkserver: could not import {name}: {err}", file=sys.stderr)
+            _say(f"could not import {name}: {err}")
     _public_names()
+    watch({"tandem", *(name.split(".")[0] for name in ns.modules)})
     gc.collect()
     gc.freeze()  # the imports' objects stay put: a fork shares their pages
     threads = len(os.listdir("/proc/self/task"))
-    print(f"tandem forkserver: pid {os.getpid()}, imports took "
-          f"{time.perf_counter() - started:.2f} s, {threads} thread(s)", file=sys.stderr)
-    return Server(ns.socket, ns.owner).serve()
+    _say(f"pid {os.getpid()}, imports took {time.perf_counter() - started:.2f} s, "
+         f"{threads} thread(s)")
+    try:
+        return Server(ns.socket, ns.owner).serve()
+    except BecomeWorker as become:
+        worker = become
+    run_worker(worker)  # outside the server's frames: its exit is the interpreter's
+    return None
 
 
 if __name__ == "__main__":

@@ -105,11 +105,16 @@ def worker_env(rank: int, nproc: int, port: int, restart: int, max_restarts: int
     return env
 
 
+LOST_STATUS = 1  # a warm worker whose exit status went with its fork server
+
+
 class WarmWorker:
     """A worker forked by the fork server, watched like a `subprocess.Popen`.
 
-    Its exit status comes over the connection; if the connection closes without one
-    (the server went away) the worker is killed and counts as killed by SIGKILL.
+    Its exit status comes over the connection. If the connection closes without one,
+    the server went away: its workers got SIGTERM from the kernel (a committed
+    checkpoint); this one counts as failed (status 1) once it has gone, and is killed
+    if it has not within 30 s.
     """
 
     def __init__(self, sock: socket.socket, pid: int) -> None:
@@ -117,11 +122,24 @@ class WarmWorker:
         self.pid = pid
         self.returncode: int | None = None
         self.buffer = b""
+        self.lost_at: float | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None and select.select([self.sock], [], [], 0)[0]:
+        if self.returncode is None and self.lost_at is not None:
+            self._outlived()
+        elif self.returncode is None and select.select([self.sock], [], [], 0)[0]:
             self._read()
         return self.returncode
+
+    def _outlived(self) -> None:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            self.returncode = LOST_STATUS
+            return
+        if time.monotonic() - self.lost_at > STOP_TIMEOUT_S:
+            os.kill(self.pid, signal.SIGKILL)
+            self.returncode = -signal.SIGKILL
 
     def _read(self) -> None:
         try:
@@ -140,20 +158,25 @@ class WarmWorker:
                 self.sock.close()
 
     def _lost(self) -> None:
-        try:
-            os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.returncode = -signal.SIGKILL
         self.sock.close()
+        self.lost_at = time.monotonic()
+        sys.stderr.write(f"tandem: the fork server of worker pid {self.pid} went away; "
+                         "its exit status goes with it\n")
+        self._outlived()
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signum)
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
 
     def wait(self) -> int:
         while self.poll() is None:
-            select.select([self.sock], [], [], 1.0)
+            if self.lost_at is None:
+                select.select([self.sock], [], [], 1.0)
+            else:
+                time.sleep(0.1)
         return self.returncode
 
 

@@ -61,6 +61,12 @@ def test_resize_preemption_and_service_kill(tmp_path: Path) -> None:
     for row in resizes.values():
         assert row["steps_redone"] == 0, row
         assert row["training_again"] > row["decided"], row
+    # Workers forked warm once the fork server listened, and none it could not fork.
+    service_log = env.service_log.read_text(errors="replace")
+    assert "fork server (pid" in service_log and "listening; first used" in service_log
+    logs = "".join(p.read_text(errors="replace")
+                   for p in (env.store.parent / "sched").glob("*/attempt-*/log.txt"))
+    assert "starts cold" not in logs, logs[-3000:]
     # The data: every sample position once, in the global order, at 1 and 2 processes.
     for job_id, steps in ((a, A_STEPS), (b, B_STEPS)):
         found = env.audit(job_id)

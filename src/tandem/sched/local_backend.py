@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from tandem.forkserver import FORKSERVER_ENV
+from tandem.forkserver import FORKSERVER_ENV, kill_forked
 from tandem.sched.attempt import SHIM_FILE, read_json
 from tandem.sched.backend import (
     ATTEMPT_ENV,
@@ -72,7 +72,24 @@ class LocalBackend:
         self.host = socket.gethostname()
         self._children: dict[int, subprocess.Popen] = {}
         self._taken: dict[str, list[int]] = {}  # attempt marker -> GPU indices
-        self.forkserver: ForkServer | None = ForkServer(warm_imports) if warm else None
+        self.warm_imports = list(warm_imports)
+        self.forkserver: ForkServer | None = ForkServer(self.warm_imports) if warm else None
+        self._retired: list[ForkServer] = []  # servers that stopped taking requests
+
+    def _forkserver(self) -> ForkServer | None:
+        """The fork server to start workers from, if one listens; a server that stopped
+        listening (its sources changed, or it died) is replaced by a new one."""
+        server = self.forkserver
+        if server is None:
+            return None
+        if server.ready():
+            return server
+        if server.gone():
+            log.warning("fork server (pid %d) stopped taking requests; starting another",
+                        server.process.pid)
+            self._retired.append(server)
+            self.forkserver = ForkServer(self.warm_imports)
+        return None
 
     def cluster(self) -> Cluster:
         """One node with `slots` slots."""
@@ -97,8 +114,9 @@ class LocalBackend:
         """Start the attempt's shim in a new session, its output into the attempt's log."""
         gpus = self._gpus_for(plan)
         env = dict(os.environ, **spec["env"])
-        if self.forkserver is not None and self.forkserver.ready():
-            env[FORKSERVER_ENV] = self.forkserver.path
+        server = self._forkserver()
+        if server is not None:
+            env[FORKSERVER_ENV] = server.path
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             spec["env"]["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
@@ -168,6 +186,13 @@ class LocalBackend:
         proc = self._process(handle)
         if proc is not None:
             proc.kill()
+        if marker and self.forkserver is not None:
+            # Warm workers do not show the marker: their server knows them (and kills
+            # them in any case once their agent is gone).
+            forked = kill_forked(self.forkserver.path, marker)
+            psutil.wait_procs([p for p in map(_existing, forked) if p is not None],
+                              timeout=10)
+            killed += len(forked)
         log.warning("killed %d processes of attempt %s", killed, marker)
 
     def release(self, handle: Mapping[str, Any]) -> None:
@@ -183,37 +208,68 @@ class LocalBackend:
     def close(self) -> None:
         """Stop the fork server taking requests; attempts keep running in their own
         sessions (the server exits after the last worker it forked)."""
-        if self.forkserver is not None:
-            self.forkserver.close()
+        for server in (self.forkserver, *self._retired):
+            if server is not None:
+                server.close()
 
 
 class ForkServer:
-    """The backend's fork server: started at once, used once it listens."""
+    """The backend's fork server: started at once, used once it listens. Its own lines
+    (the imports' time, a module it could not import) go to the scheduler's log."""
 
     def __init__(self, imports: Sequence[str] = ()) -> None:
         self.folder = tempfile.mkdtemp(prefix="tandem-forkserver-")  # mode 0700
         self.path = os.path.join(self.folder, "socket")
+        self.log_path = os.path.join(self.folder, "log.txt")
         command = [sys.executable, "-m", "tandem.forkserver", "--socket", self.path,
                    "--owner", str(os.getpid())]
         for name in imports:
             command += ["--import", name]
         self.started = time.monotonic()
-        self.process = subprocess.Popen(command, cwd=self.folder,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        with open(self.log_path, "ab") as out:
+            # Its own file, not the scheduler's streams: it may outlive the scheduler.
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
         self._ready = False
+        self._relayed = 0
+
+    def _relay(self) -> None:
+        try:
+            with open(self.log_path, "rb") as src:
+                src.seek(self._relayed)
+                data = src.read()
+        except OSError:
+            return
+        lines = data.rsplit(b"\n", 1)[0] if b"\n" in data else b""
+        self._relayed += len(lines) + (1 if lines else 0)
+        for line in lines.decode(errors="replace").splitlines():
+            log.info("%s", line)
 
     def ready(self) -> bool:
         """Whether the server listens (it does once its imports are done)."""
+        self._relay()
         if not self._ready and self.process.poll() is None and os.path.exists(self.path):
             self._ready = True
             log.info("fork server (pid %d) listening; first used %.1f s after its start",
                      self.process.pid, time.monotonic() - self.started)
-        return self._ready and self.process.poll() is None
+        return self._ready and self.process.poll() is None and os.path.exists(self.path)
+
+    def gone(self) -> bool:
+        """Whether the server has stopped taking requests (or never will)."""
+        return self.process.poll() is not None or (self._ready and not os.path.exists(self.path))
 
     def close(self) -> None:
+        self._relay()
         if self.process.poll() is None:
             self.process.terminate()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _existing(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
 
 
 def _create_time(pid: int) -> float | None:
