@@ -24,7 +24,8 @@ WORKER = '''
 import json, os, sys, time
 import torch
 import tandem
-env = {k: v for k, v in os.environ.items() if k != "TANDEM_FORKSERVER"}
+launch = ("TANDEM_FORKSERVER", "MASTER_PORT", "TORCHELASTIC_RUN_ID")  # new at each launch
+env = {k: v for k, v in os.environ.items() if k not in launch}
 out = {"public": [type(getattr(tandem, n)).__name__ for n in tandem.__all__],
        "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "name": __name__,
        "file": __file__, "cwd": os.getcwd(), "path": sys.path, "env": env,
