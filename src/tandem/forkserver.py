@@ -184,11 +184,15 @@ def incompatibility(argv: list[str], env: dict[str, str], cwd: str) -> str | Non
     return changed()
 
 
+GPU_DRIVERS = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so")  # CUDA, ROCm
+
+
 def cuda_loaded() -> bool:
-    """Whether this process has loaded the CUDA driver (it does on its first CUDA call,
-    even `torch.cuda.is_available()`); a child forked after that cannot use CUDA."""
+    """Whether this process has loaded a GPU driver (CUDA's on the first CUDA call, even
+    `torch.cuda.is_available()`; ROCm's likewise); a child forked after that cannot use
+    the GPU."""
     with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        return any("libcuda.so" in line for line in maps)
+        return any(driver in line for line in maps for driver in GPU_DRIVERS)
 
 
 def watch(tops: set[str]) -> None:

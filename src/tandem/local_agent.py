@@ -202,13 +202,15 @@ def warm_worker(command: list[str], env: dict[str, str]) -> WarmWorker | str:
     return WarmWorker(sock, int(reply["pid"]))
 
 
-def start_worker(command: list[str], env: dict[str, str]) -> subprocess.Popen | WarmWorker:
-    """A worker running `command`: forked warm where a fork server can, else cold."""
-    if os.environ.get(FORKSERVER_ENV):
-        warm = warm_worker(command, env)
-        if isinstance(warm, WarmWorker):
-            return warm
-        sys.stderr.write(f"tandem: rank {env['RANK']} starts cold: {warm}\n")
+def start_worker(command: list[str], env: dict[str, str],
+                 warm: bool = True) -> subprocess.Popen | WarmWorker:
+    """A worker running `command`: forked warm where a fork server can (and `warm`),
+    else cold (the reason in a line on stderr)."""
+    if warm and os.environ.get(FORKSERVER_ENV):
+        forked = warm_worker(command, env)
+        if isinstance(forked, WarmWorker):
+            return forked
+        sys.stderr.write(f"tandem: rank {env['RANK']} starts cold: {forked}\n")
     return subprocess.Popen(command, env=env)
 
 
@@ -218,11 +220,13 @@ class Group:
     def __init__(self, command: list[str], nproc: int, restart: int, max_restarts: int,
                  run_id: str) -> None:
         port = free_port()
-        self.procs = [
-            start_worker(command, worker_env(rank, nproc, port, restart, max_restarts,
-                                             run_id))
-            for rank in range(nproc)
-        ]
+        self.procs: list[subprocess.Popen | WarmWorker] = []
+        warm = True
+        for rank in range(nproc):
+            proc = start_worker(command, worker_env(rank, nproc, port, restart,
+                                                    max_restarts, run_id), warm)
+            warm = warm and isinstance(proc, WarmWorker)  # once refused, the rest go cold
+            self.procs.append(proc)
 
     def failed(self) -> tuple[int, subprocess.Popen] | None:
         """The lowest rank that exited with a non-zero status, if any."""
