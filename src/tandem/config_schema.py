@@ -241,8 +241,9 @@ class MonitorConfig:
     timing: bool = _doc(True, "time the phases of each step (data, compute, optimizer)")
     store: str = _doc("", "SQLite run store (default: <run.dir>/tandem.db)")
     calibrate_at: int = _doc(
-        20, "after this step (past warm-up), measure FLOPs, the device's peak and the link's "
-        "latency and bandwidth once (0: never; the link again if the step time drifts)"
+        20, "this many steps into a run (past warm-up), and again into each resumed "
+        "segment, measure FLOPs, the device's peak and the link's latency and bandwidth "
+        "(0: never; the link again if the step time drifts)"
     )
     progress: Literal["auto", "bar", "log", "off"] = _doc(
         "auto", "rank 0 progress: a live bar (terminals), log lines, or nothing"

@@ -99,6 +99,20 @@ def test_a_longer_rerun_continues_the_same_record(tmp_path: Path) -> None:
     assert len(store_runs(tmp_path)) == 1  # a resume continues the same record
 
 
+def test_a_resumed_run_calibrates_again(tmp_path: Path) -> None:
+    # The FLOP count and the peak come from calibration, 2 steps into each segment:
+    # the resumed segment (steps 7-12) must carry them too (it once had none: the
+    # calibration step counted from step 0, which a resumed run never passes again).
+    monitor = {"calibrate_at": 2, "log_every": 2}
+    _fit(tmp_path, monitor=monitor)
+    _fit(tmp_path, train={"steps": 12}, monitor=monitor)
+    with RunStore(tmp_path / "tandem.db") as store:
+        run_id = store.runs()[0]["run_id"]
+        steps = [m["step"] for m in store.metrics(run_id, name="flops/per_rank_step")]
+    assert {s for s in steps if s <= 6} == {2, 4, 6}
+    assert {s for s in steps if s > 6} == {8, 10, 12}
+
+
 @pytest.mark.parametrize("mode", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path: Path, mode: str) -> None:
     task = _with(eval_data=toy_task.IndexedData)

@@ -266,10 +266,13 @@ class Trainer:
         clock, window = RunClock(progress.elapsed_s), WindowClock()
         self.started_at = time.time()
         self.model.train()
+        # Calibration counts from this segment's first step: a resumed or resized run
+        # measures again (its size, its link and its step may be another run's).
+        first = self.state.step
         while self.state.step < cfg.train.steps and not self.stopped_at_target:
             self._one_step(batches, window, reporter, sampler.dataset_len, clock)
             window.pause()  # logging, evaluation and checkpoints are not training time
-            if self.state.step == cfg.monitor.calibrate_at:
+            if self.state.step - first == cfg.monitor.calibrate_at:
                 self.calibration.run(self.steps.last_batch, self.accum, reporter)
             if self.state.step % cfg.monitor.log_every == 0 or self.state.step == cfg.train.steps:
                 self._log_window(window, reporter, clock)
