@@ -24,13 +24,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from _bench import QUIET, ROOT, RunStore, child_env, run_checked, tandem_command
+
+from tandem.forkwire import FORKSERVER_ENV
+from tandem.sched.local_backend import ForkServer
 
 ARMS = ("auto", "torchrun", "warm", "warm-imports")
 OWN_IMPORTS = {"mnist1d_cnn": ["mnist1d.data"], "char_lm": []}
@@ -47,7 +48,7 @@ def one(example: str, launcher: str, nproc: int, workdir: Path,
                          ROOT / "examples" / f"{example}.py", flags)
     env = child_env(extra_env)
     if not extra_env:
-        env.pop("TANDEM_FORKSERVER", None)  # a cold arm starts cold
+        env.pop(FORKSERVER_ENV, None)  # a cold arm starts cold
     began = time.time()
     done = run_checked(cmd, timeout=300, env=env, what=f"{launcher} run")
     total = time.time() - began
@@ -59,20 +60,16 @@ def one(example: str, launcher: str, nproc: int, workdir: Path,
     return segment - began, total
 
 
-def fork_server(folder: Path, imports: list[str]) -> tuple[subprocess.Popen, str]:
-    """A fork server owned by this process, once it listens; returns it and its socket."""
-    path = str(folder / "socket")
-    command = [sys.executable, "-m", "tandem.forkserver", "--socket", path,
-               "--owner", str(os.getpid())]
-    for name in imports:
-        command += ["--import", name]
-    proc = subprocess.Popen(command, env=child_env(), start_new_session=True)
+def fork_server(imports: list[str]) -> ForkServer:
+    """The local backend's fork server, owned by this process, once it listens."""
+    server = ForkServer(imports)
     deadline = time.monotonic() + 120
-    while not os.path.exists(path):
-        if proc.poll() is not None or time.monotonic() > deadline:
+    while not server.ready():
+        if server.gone() or time.monotonic() > deadline:
+            server.close()
             raise RuntimeError("the fork server did not start")
         time.sleep(0.1)
-    return proc, path
+    return server
 
 
 def main() -> None:
@@ -86,22 +83,18 @@ def main() -> None:
     arms = args.arms.split(",")
     if not set(arms) <= set(ARMS) or len(arms) < 2:
         parser.error(f"--arms: {args.arms!r}; need two or more of {', '.join(ARMS)}")
-    servers: list[subprocess.Popen] = []
+    servers: list[ForkServer] = []
     envs: dict[str, dict[str, str]] = {arm: {} for arm in arms}
-    with tempfile.TemporaryDirectory(prefix="tandem-forkservers-") as folder:
+    try:
         for arm in arms:
             if arm.startswith("warm"):
-                own = OWN_IMPORTS[args.example] if arm == "warm-imports" else []
-                (Path(folder) / arm).mkdir()
-                proc, path = fork_server(Path(folder) / arm, own)
-                servers.append(proc)
-                envs[arm] = {"TANDEM_FORKSERVER": path}
-        try:
-            figures = rounds(args, arms, envs)
-        finally:
-            for proc in servers:
-                proc.terminate()
-                proc.wait(timeout=30)
+                server = fork_server(OWN_IMPORTS[args.example] if arm == "warm-imports" else [])
+                servers.append(server)
+                envs[arm] = {FORKSERVER_ENV: server.path}
+        figures = rounds(args, arms, envs)
+    finally:
+        for server in servers:
+            server.close()
     print()
     first = arms[0]
     for arm in arms:

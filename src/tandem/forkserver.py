@@ -8,23 +8,18 @@ scheduler's local backend runs one fork server beside it (`python -m tandem.fork
 --socket PATH --owner PID [--import MODULE ...]`): it imports those modules, then waits
 on a Unix socket in a directory only its user can open (and answers only its own user).
 Asked by `tandem/local_agent.py` for a worker (the command line, the environment, the
-working directory and the three standard streams, passed as file descriptors), it
-forks; the child starts a session of its own, takes the streams, the environment, the
-directory, `sys.argv`, `sys.path` and a new `__main__` module, and runs the script as
-`python -u SCRIPT ARGS` (or `python -u -m MODULE ARGS`) would; it ends through the
-interpreter's own exit (atexit, threads, buffers), its uncaught traceback starting at the
-script. It seeds `random` and numpy's global generator afresh, as a new interpreter
-would, and sets torch's thread count from OMP_NUM_THREADS. What it cannot renew: the
-hash seed of `str` (one per server) and the atexit functions the server's imports
-registered (they run in every worker, as they would in a cold one that imported the
-same modules).
+working directory and the three standard streams, passed as file descriptors; the
+protocol is `tandem/forkwire.py`), it forks, and the child becomes the worker as a new
+interpreter would (`tandem/forkworker.py`). What a child cannot renew: the hash seed of
+`str` (one per server) and the atexit functions the server's imports registered (they
+run in every worker, as they would in a cold one that imported the same modules).
 
 The server answers with the child's pid, and when the child ends, with its exit status
 in `subprocess.Popen.returncode`'s terms (-N for a signal). The agent signals its workers
 by pid. If the agent's connection closes while its worker runs (the agent was killed),
 the server kills the worker; if the server dies, its workers get SIGTERM (a committed
-checkpoint) and their agents report them failed. `kill_forked(path, marker)` kills the
-workers of one scheduler attempt (their environment as the kernel shows it is the
+checkpoint) and their agents report them failed. `forkwire.kill_forked(path, marker)`
+kills the workers of one scheduler attempt (their environment as the kernel shows it is the
 server's, so they do not carry the attempt's marker there).
 
 A worker starts cold instead (the agent says so in one line) where a warm one could
@@ -46,10 +41,8 @@ and exits once its last worker has: attempts outlive the scheduler, as they do c
 from __future__ import annotations
 
 import argparse
-import builtins
 import gc
 import importlib
-import io
 import json
 import os
 import selectors
@@ -58,9 +51,10 @@ import socket
 import struct
 import sys
 import time
-import types
-import warnings
 from typing import Any
+
+from tandem.forkwire import HEADER, recv_exact, send_message
+from tandem.forkworker import SIGNALS, BecomeWorker, python_path, run_worker
 
 DEFAULT_IMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint",
                    "torch.distributed.tensor", "torch._dynamo", "tandem.fit")
@@ -71,68 +65,12 @@ START_PREFIXES = ("PYTHON", "LD_", "TORCH", "PYTORCH", "OMP_", "KMP_", "GOMP_", 
 START_NAMES = ("LANG", "LANGUAGE", "TZ", "HOME")
 PER_WORKER = ("PYTHONPATH", "OMP_NUM_THREADS")  # applied after the fork
 PER_WORKER_PREFIXES = ("TORCHELASTIC_",)  # read at run time, not import time
-HEADER = struct.Struct("!I")  # a message's length, before its JSON
-FORKSERVER_ENV = "TANDEM_FORKSERVER"  # the socket, in a launcher's environment
 MARKER_ENV = "TANDEM_SCHED_ATTEMPT"  # tandem.sched.backend.ATTEMPT_ENV
 STREAMS = 3  # stdin, stdout, stderr
 REAP_S = 0.05
-SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD}
-PR_SET_PDEATHSIG = 1
 SERVER_PATH: list[str] = []  # the server's own PYTHONPATH entries, as in sys.path
 SERVER_ENV: dict[str, str] = {}  # the server's environment as it started
 WATCHED: dict[str, tuple[int, int]] = {}  # source file -> (mtime_ns, size) when imported
-
-
-def recv_exact(sock: socket.socket, size: int) -> bytes:
-    """`size` bytes from a blocking socket; OSError if it closes first."""
-    chunks = []
-    while size:
-        data = sock.recv(size)
-        if not data:
-            raise OSError("the connection closed in the middle of a message")
-        chunks.append(data)
-        size -= len(data)
-    return b"".join(chunks)
-
-
-def send_message(sock: socket.socket, message: dict[str, Any],
-                 fds: list[int] | None = None) -> None:
-    """A length-prefixed JSON message, the file descriptors on its first byte."""
-    body = json.dumps(message).encode()
-    data = HEADER.pack(len(body)) + body
-    if fds:
-        data = data[socket.send_fds(sock, [data], fds):]
-    if data:  # (sendall of nothing still sends: EPIPE where the peer has answered and gone)
-        sock.sendall(data)
-
-
-def read_message(sock: socket.socket) -> dict[str, Any]:
-    """One message from a blocking socket."""
-    head = recv_exact(sock, HEADER.size)
-    message = json.loads(recv_exact(sock, HEADER.unpack(head)[0]))
-    if not isinstance(message, dict):
-        raise ValueError(f"a message must be a JSON object, not {type(message).__name__}")
-    return message
-
-
-def kill_forked(path: str, marker: str, timeout: float = 10.0) -> list[int]:
-    """SIGKILL the workers the server at `path` forked for the attempt with `marker`;
-    returns their pids ([] where the server is not there)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        try:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            send_message(sock, {"kill": marker})
-            return [int(pid) for pid in read_message(sock).get("killed", [])]
-        except (OSError, ValueError):
-            return []
-
-
-def python_path(value: str, cwd: str) -> list[str]:
-    """The `sys.path` entries a new interpreter makes of PYTHONPATH `value` in `cwd`."""
-    if not value:
-        return []
-    return [os.path.abspath(os.path.join(cwd, p)) for p in value.split(os.pathsep)]
 
 
 def shadowed(entries: list[str]) -> str | None:
@@ -181,7 +119,7 @@ def incompatibility(argv: list[str], env: dict[str, str], cwd: str) -> str | Non
         return f"the fork server runs {threads} threads"
     if cuda_loaded():
         return "the fork server's imports loaded the CUDA driver, which a fork cannot share"
-    return changed()
+    return None
 
 
 GPU_DRIVERS = ("libcuda.so", "libamdhip64.so", "libhsa-runtime64.so")  # CUDA, ROCm
@@ -217,122 +155,6 @@ def changed() -> str | None:
         if (info.st_mtime_ns, info.st_size) != (mtime, size):
             return f"{where} changed since the fork server imported it"
     return None
-
-
-class BecomeWorker(BaseException):
-    """Raised in the forked child: leave the server's frames, then run the worker."""
-
-    def __init__(self, request: dict[str, Any], fds: list[int], parent: int) -> None:
-        super().__init__()
-        self.request, self.fds, self.parent = request, fds, parent
-
-
-def run_worker(become: BecomeWorker) -> None:
-    """In the forked child, outside every frame of the server: become the worker.
-    Returns when the script does; what it raises, the interpreter handles, as it would
-    have in a worker started cold."""
-    argv, env, cwd = become.request["argv"], become.request["env"], become.request["cwd"]
-    _detach(become.parent)
-    for target, fd in enumerate(become.fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    _unbuffered_stdio()
-    _fresh_state(env)
-    sys.excepthook = _script_traceback
-    rest = argv[1:]
-    if rest[:1] == ["-u"]:
-        rest = rest[1:]
-    sys.orig_argv = list(argv)
-    entries = python_path(env.get("PYTHONPATH", ""), cwd)
-    kept = sys.path[1 + len(SERVER_PATH):] \
-        if sys.path[1:1 + len(SERVER_PATH)] == SERVER_PATH else sys.path[1:]
-    sys.path[1:] = list(dict.fromkeys([*entries, *kept]))  # as `site` leaves it: no repeats
-    main = types.ModuleType("__main__")
-    sys.modules["__main__"] = main
-    if rest[0] == "-m":
-        import runpy
-
-        # The module may have been imported here before the fork; runpy runs it afresh
-        # as __main__ either way, as `python -m` does, and need not say so.
-        warnings.filterwarnings("ignore", category=RuntimeWarning,
-                                message=".*found in sys.modules after import of package")
-        sys.argv = ["-m", *rest[2:]]
-        sys.path[0] = cwd
-        runpy._run_module_as_main(rest[1], alter_argv=True)  # what `python -m` runs
-        return
-    script = rest[0]
-    where = os.path.abspath(script)
-    from importlib.machinery import SourceFileLoader
-
-    main.__dict__.update(__file__=where, __cached__=None, __builtins__=builtins,
-                         __loader__=SourceFileLoader("__main__", where), __spec__=None,
-                         __package__=None, __annotations__={})
-    sys.argv = [script, *rest[1:]]
-    sys.path[0] = os.path.dirname(os.path.realpath(script))
-    with io.open_code(where) as source:
-        code = compile(source.read(), where, "exec")
-    exec(code, main.__dict__)  # noqa: S102 - running the worker's script is the point
-
-
-def _detach(parent: int) -> None:
-    """A session of the worker's own (a `killpg` in it reaches no other job), SIGTERM if
-    the server dies, and the default signal handlers, unblocked."""
-    os.setsid()
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    except (OSError, AttributeError):
-        pass
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
-    if os.getppid() != parent:  # the server died before the death signal was set
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _unbuffered_stdio() -> None:
-    """The standard streams `python -u` makes: stdout and stderr written through, unbuffered."""
-    for name, fd in (("stdin", 0), ("stdout", 1), ("stderr", 2)):
-        old = getattr(sys, name)
-        encoding = getattr(old, "encoding", None) or "utf-8"
-        errors = getattr(old, "errors", None) or "strict"
-        if fd == 0:
-            stream = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "rb", closefd=False)),
-                                      encoding=encoding, errors=errors)
-        else:
-            stream = io.TextIOWrapper(io.FileIO(fd, "wb", closefd=False), encoding=encoding,
-                                      errors=errors, write_through=True)
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
-
-
-def _fresh_state(env: dict[str, str]) -> None:
-    """What a new interpreter would start with: unseeded generators, its thread count."""
-    import random
-
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-    torch = sys.modules.get("torch")
-    if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():
-        torch.set_num_threads(max(1, int(env["OMP_NUM_THREADS"])))
-
-
-def _script_traceback(kind: type[BaseException], err: BaseException, tb: Any) -> None:
-    """Print an uncaught exception without the server's frames (those up to this
-    module's last), as an interpreter that ran the worker cold would."""
-    start, frame = tb, tb
-    while frame is not None:
-        if frame.tb_frame.f_code.co_filename == __file__ and frame.tb_next is not None:
-            start = frame.tb_next
-        frame = frame.tb_next
-    sys.__excepthook__(kind, err.with_traceback(start), start)
 
 
 class Server:
@@ -405,13 +227,16 @@ class Server:
             if "kill" in request:
                 self._reply(conn, {"killed": self._kill(str(request["kill"]))})
                 return
+            stale = changed()
+            if stale is not None:
+                self._stop()  # the backend starts a new server
+                self._reply(conn, {"error": stale})
+                return
             why = incompatibility(list(request["argv"]), dict(request["env"]),
                                   str(request["cwd"]))
             if why is None and len(fds) != STREAMS:
                 why = f"{len(fds)} file descriptors came, {STREAMS} needed"
             if why is not None:
-                if "changed" in why or "is gone" in why:
-                    self._stop()  # stale: the backend starts a new server
                 self._reply(conn, {"error": why})
                 return
             self._fork(conn, request, fds)
@@ -445,7 +270,7 @@ class Server:
             for other in self.children.values():
                 other.close()
             conn.close()
-            raise BecomeWorker(request, fds, parent)
+            raise BecomeWorker(request, fds, parent, SERVER_PATH)
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         for fd in fds:
             os.close(fd)

@@ -2,7 +2,7 @@
 
 `tandem run` on one node starts this file by path (`python .../local_agent.py ...`): it
 imports nothing but the standard library (and the fork server's protocol from
-`forkserver.py` beside it, which imports nothing else), so the workers start about as
+`forkwire.py` beside it, which imports nothing else), so the workers start about as
 soon as the command does. torchrun's agent imports torch before it starts any worker
 (1.8 s on a 2-core machine), a serial cost paid at every start, restart and resize of
 a job; on one node its rendezvous has nothing to agree on, so this agent does without it.
@@ -32,13 +32,11 @@ one line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -57,9 +55,9 @@ def _sibling(name: str):  # noqa: ANN202 - a module
     return module
 
 
-_protocol = _sibling("forkserver")
-FORKSERVER_ENV, HEADER = _protocol.FORKSERVER_ENV, _protocol.HEADER
-recv_exact, send_message = _protocol.recv_exact, _protocol.send_message
+_wire = _sibling("forkwire")
+FORKSERVER_ENV, read_message, send_message = (_wire.FORKSERVER_ENV, _wire.read_message,
+                                              _wire.send_message)
 
 USAGE_EXIT_CODE = 2  # tandem.errors.USAGE_EXIT_CODE (not imported: that imports torch)
 STOP_TIMEOUT_S = 30.0  # torchrun's own grace before SIGKILL
@@ -121,7 +119,6 @@ class WarmWorker:
         self.sock = sock
         self.pid = pid
         self.returncode: int | None = None
-        self.buffer = b""
         self.lost_at: float | None = None
 
     def poll(self) -> int | None:
@@ -142,20 +139,13 @@ class WarmWorker:
             self.returncode = -signal.SIGKILL
 
     def _read(self) -> None:
+        """The connection is readable: the exit status (sent whole), or its end."""
         try:
-            data = self.sock.recv(4096)
-        except OSError:
-            data = b""
-        if not data:
+            self.returncode = int(read_message(self.sock)["exit"])
+        except (OSError, ValueError, KeyError):
             self._lost()
             return
-        self.buffer += data
-        if len(self.buffer) >= HEADER.size:
-            size = HEADER.unpack(self.buffer[:HEADER.size])[0]
-            if len(self.buffer) >= HEADER.size + size:
-                message = json.loads(self.buffer[HEADER.size:HEADER.size + size])
-                self.returncode = int(message["exit"])
-                self.sock.close()
+        self.sock.close()
 
     def _lost(self) -> None:
         self.sock.close()
@@ -190,9 +180,8 @@ def warm_worker(command: list[str], env: dict[str, str]) -> WarmWorker | str:
         sock.settimeout(10.0)
         sock.connect(path)
         send_message(sock, {"argv": command, "env": env, "cwd": os.getcwd()}, [0, 1, 2])
-        head = recv_exact(sock, HEADER.size)
-        reply = json.loads(recv_exact(sock, HEADER.unpack(head)[0]))
-    except (OSError, ValueError, struct.error) as err:
+        reply = read_message(sock)
+    except (OSError, ValueError) as err:
         sock.close()
         return f"fork server {path}: {err}"
     if "pid" not in reply:

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import tandem.local_agent as agent_module
-from tandem.forkserver import kill_forked
+from tandem.forkwire import kill_forked
 from tests.reap import kill_tree
 
 AGENT = str(Path(agent_module.__file__).resolve())
@@ -211,9 +211,9 @@ def test_a_killed_agent_takes_its_warm_workers_along(tmp_path: Path,
                               sys.executable, "-u", "worker.py", "hang"], cwd=tmp_path,
                              env=env, stdout=subprocess.PIPE, text=True)
     try:
-        pids = [json.loads(agent.stdout.readline())["env"]["RANK"] for _ in range(2)]
+        ranks = [json.loads(agent.stdout.readline())["env"]["RANK"] for _ in range(2)]
         workers = psutil.Process(server_pid).children()
-        assert len(workers) == 2, pids
+        assert len(workers) == 2, ranks
         agent.send_signal(signal.SIGKILL)
         agent.wait(timeout=10)
         gone, alive = psutil.wait_procs(workers, timeout=10)

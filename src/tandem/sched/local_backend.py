@@ -8,10 +8,10 @@ for it) and by the marker every process of the attempt carries in its environmen
 
 Workers start warm: the backend runs a fork server (`tandem/forkserver.py`) that has
 imported torch and tandem once, and every attempt's agent forks its workers from it,
-which takes about 2.5 s of imports out of each start, restart and resize on a 2-core
-machine. A worker the server cannot fork starts cold. Those forked workers do not carry
-the marker in their environment as the kernel shows it; they die with their agent,
-which does.
+which took 2.6-3.4 s out of each start, restart and resize of the examples on a 2-core
+machine (`benchmarks/launch_startup.py`). A worker the server cannot fork starts cold.
+Forked workers do not carry the marker in their environment as the kernel shows it: a
+kill asks the server for the attempt's workers, and they die with their agent anyway.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 import psutil
 
-from tandem.forkserver import FORKSERVER_ENV, kill_forked
+from tandem.forkwire import FORKSERVER_ENV, kill_forked
 from tandem.sched.attempt import SHIM_FILE, read_json
 from tandem.sched.backend import (
     ATTEMPT_ENV,
