@@ -5,7 +5,7 @@ backward waits after a rank's last gradient is ready, `PHASES`' comm_tail), and 
 monitor splits it into wire time and the wait for slower ranks. What is measured here
 is what that split needs: the all-reduce's latency and bandwidth on this group (the
 cost of a buffer of n bytes: latency + n / bandwidth), from paired timings at two sizes
-with the ranks aligned by a barrier before each, so a late rank is not counted as wire.
+with the ranks aligned by a barrier before each pair, so a late rank is not counted as wire.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from tandem.monitor.flops import count_flops, keep_flops, kept_flops, peak_flops
 
 Pass = Callable[[bool], None]  # run one forward+backward, synchronising gradients or not
 SMALL_BYTES = 4096  # the latency probe's buffer
-REPEATS = 5
+REPEATS = 3  # pairs of timings: what keeps the probe within 0.5% of the demo run
+# (benchmarks/calibration_cost.py); their range is recorded as the bandwidth's spread
 
 
-def _timed_allreduce(buffer: torch.Tensor, device: torch.device) -> float:
-    dist.barrier()  # every rank starts together: the time is the link's, not a wait
+def _timed(buffer: torch.Tensor, device: torch.device) -> float:
+    """One all-reduce of `buffer`, timed on this rank's wall clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -37,8 +38,13 @@ def _timed_allreduce(buffer: torch.Tensor, device: torch.device) -> float:
 
 def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS) -> dict[str, float]:
     """All-reduce latency (s) and algorithmic bandwidth (buffer bytes/s) of this group,
-    from `repeats` aligned timings at a small size and at `nbytes`, interleaved, with the
-    spread of the bandwidth over the repeats. All ranks."""
+    from `repeats` pairs of timings at a small size and at `nbytes`, with the spread of
+    the bandwidth over the pairs. All ranks.
+
+    A barrier aligns the ranks before each pair, so a late rank is not counted as wire;
+    the small all-reduce then aligns them for the big one (the ranks leave a collective
+    within one message of each other), which saves a barrier per pair.
+    """
     big_n = max(nbytes, 16 * SMALL_BYTES) // 4
     small = torch.zeros(SMALL_BYTES // 4, dtype=torch.float32, device=device)
     big = torch.zeros(big_n, dtype=torch.float32, device=device)
@@ -46,8 +52,9 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS) -> dict
     dist.all_reduce(big)  # warm the path and its buffers once, unmeasured
     t_small, t_big = [], []
     for _ in range(repeats):
-        t_small.append(_timed_allreduce(small, device))
-        t_big.append(_timed_allreduce(big, device))
+        dist.barrier()  # every rank starts together: the time is the link's, not a wait
+        t_small.append(_timed(small, device))
+        t_big.append(_timed(big, device))
     span = (big.numel() - small.numel()) * 4
     rates = sorted(span / max(b - s, 1e-9) for s, b in zip(t_small, t_big, strict=True))
     rate = statistics.median(rates)

@@ -19,6 +19,7 @@ import time
 from collections import deque
 
 import torch
+import torch.distributed as dist
 
 from tandem.monitor.calibrate import calibrate, link_cost
 from tandem.monitor.flops import step_signature
@@ -59,6 +60,20 @@ class DriftWatch:
         return abs(now / self.reference - 1.0) > self.drift
 
 
+def added_to_run(seconds: float, device: torch.device) -> float:
+    """What a measurement that took this rank `seconds` added to the run's wall time: the
+    least over the ranks. All ranks. Ranks reach the measurement at different times (the
+    slower one's step ends later) and the early ones wait for the last at its first
+    collective, a wait the next step's gradient all-reduce would have held them for
+    anyway; the last rank to arrive waits for no one, and the measurement ends on a
+    collective, so the last rank's time is what the run lost."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return seconds
+    least = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    return float(least.item())
+
+
 class Calibration:
     """FLOPs, peak and the link's cost of one run; re-measures the link on drift."""
 
@@ -67,7 +82,7 @@ class Calibration:
         self.watch = DriftWatch()
         self.started = time.perf_counter()
         self.grad_bytes = sum(q.numel() * q.element_size() for q in parts.params)
-        self.seconds = 0.0  # what every measurement so far cost this rank, in wall time
+        self.seconds = 0.0  # what every measurement so far added to the run's wall time
 
     def run(self, batch: object, accum: int, reporter: Reporter) -> None:
         """Measure FLOPs, peak and the link on `batch` (the last micro-batch). All ranks.
@@ -106,7 +121,7 @@ class Calibration:
                     value.copy_(buffers[name])
         figures.update(state_bytes(model, p.optimizer))
         p.monitor.static.update(figures)
-        self.seconds += time.perf_counter() - started
+        self.seconds += added_to_run(time.perf_counter() - started, p.device)
         reporter.record(p.state.step, {**figures, "time/calibration_s": self.seconds})
 
     def drifted(self, step_s: float) -> bool:
@@ -124,7 +139,7 @@ class Calibration:
         started = time.perf_counter()
         figures = link_cost(self.grad_bytes, self.p.device)
         self.p.monitor.static.update(figures)
-        self.seconds += time.perf_counter() - started
+        self.seconds += added_to_run(time.perf_counter() - started, self.p.device)
         reporter.record(self.p.state.step, {**figures, "time/calibration_s": self.seconds})
         reporter.event(self.p.state.step, "recalibrated",
                        f"the step time of the last {self.watch.windows} windows drifted more "
