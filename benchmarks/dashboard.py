@@ -2,7 +2,7 @@
 
     python benchmarks/dashboard.py latency    [--seconds 30]
     python benchmarks/dashboard.py firstpaint [--store /tmp/tandem-dash-big.db] [--repeats 5]
-    python benchmarks/dashboard.py overhead   [--pairs 15] [--block 15] [--nproc 2]
+    python benchmarks/dashboard.py overhead   [--pairs 15] [--block 15] [--nproc 2] [--view curves]
 
 latency: 4 writer processes log 10 windows/s each through the trainer's StoreWriter; a
 Chromium page shows one of the runs. Each commit's time is taken in the writer process
@@ -16,7 +16,8 @@ the figures are Chromium's first-contentful-paint and the page's own `tandem:rea
 
 overhead: one long real training run (examples/mnist1d_cnn.py, 2 processes by default: both
 cores busy, the worst case for a neighbour) with a Chromium page open on it and closed in
-alternating blocks, the order of each pair alternating; throughput of a block is samples
+alternating blocks, the order of each pair alternating; the open page is scrolled to its
+curves (`--view top`: left at its header, where no chart is drawn); throughput of a block is samples
 over the wall time between its first and last committed window; the server's CPU is its
 process CPU time over the block.
 Needs the dev extra (playwright) and Debian's chromium.
@@ -333,6 +334,8 @@ def overhead(args: argparse.Namespace) -> None:
                         page = browser.new_page()
                         page.goto(f"{base}/run/{run_id}")
                         page.wait_for_selector("body[data-ready='1']")
+                        if args.view == "curves":  # as a user watching the run sees it
+                            page.evaluate("tandem.charts.loss.box.scrollIntoView()")
                     browser_proc = [p for p in psutil.Process().children(recursive=True)
                                     if "chrom" in p.name().lower()]
                     time.sleep(args.settle)  # the switch itself is in neither block
@@ -372,6 +375,7 @@ def overhead(args: argparse.Namespace) -> None:
     idle_cpu = [c for m, _, c, _ in rates if m == "closed"]
     page_cpu = [pc for m, _, _, pc in rates if m == "open"]
     print(f"overhead: mnist1d_cnn, {args.nproc} process(es), log_every 10, one run, "
+          f"the page at its {args.view}, "
           f"{n} pairs of {args.block:.0f}-s blocks (page open / closed, order alternating)")
     print(f"  samples/s closed median {statistics.median(closed):.0f}, open "
           f"{statistics.median(opened):.0f}; open/closed {math.exp(mean):.4f} "
@@ -414,6 +418,9 @@ def main() -> None:
                     help="seconds after each switch that count in neither block")
     ov.add_argument("--warmup", type=float, default=10.0)
     ov.add_argument("--nproc", type=int, default=2)
+    ov.add_argument("--view", choices=("curves", "top"), default="curves",
+                    help="where the open page is scrolled: its curves (drawn live) or its "
+                         "top (header and diagnosis; the charts below are not drawn)")
     args = parser.parse_args()
     if args.part == "overhead" and args.pairs < 2:
         parser.error("overhead: --pairs must be at least 2 (an interval needs two pairs)")

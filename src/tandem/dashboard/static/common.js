@@ -188,13 +188,19 @@ T.Chart = class {
   refresh() {
     this.dirty = true;
     if (!this.visible) return;
-    T.pending.add(this);
-    if (!T.flushTimer) T.flushTimer = setTimeout(T.flush, T.REDRAW_MS);
+    T.later(this);
   }
   draw() { this.dirty = false; this.u.setData(T.align(this.lines, this.xOf)); }
 };
 T.REDRAW_MS = 100;
 T.pending = new Set();
+// Anything with a draw() that changes what the page shows (a chart, a table, the
+// header) is drawn at the next flush, all together: an update then costs the browser
+// one frame (style, layout, paint, commit), not one for its text and one for its charts.
+T.later = (job) => {
+  T.pending.add(job);
+  if (!T.flushTimer) T.flushTimer = setTimeout(T.flush, T.REDRAW_MS);
+};
 T.flush = () => {
   T.flushTimer = null;
   const charts = [...T.pending];

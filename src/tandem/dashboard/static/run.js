@@ -212,6 +212,10 @@
   diagnose();
 
   // ---------------------------------------------------------------- live
+  // What an update changes is drawn at the next flush, with the charts (`T.later`).
+  const jobs = { header: { draw: header }, events: { draw: eventsTable },
+    segments: { draw: segmentsTable }, config: { draw: configCards },
+    heat: { draw: drawVisibleHeat } };
   const apply = (msg) => {
     const touched = new Set(), heat = new Set();
     for (const [step, rank, name, v, time] of msg.rows || []) {
@@ -231,7 +235,7 @@
     for (const line of touched) { T.decimate(line.s, LIMIT); charts.add(place(line.name)[0]); }
     for (const id of charts) T.charts[id].refresh();
     for (const name of heat) T.heat[name].dirty = true;
-    drawVisibleHeat();
+    if (heat.size) T.later(jobs.heat);
     if (msg.events) {
       T.events.push(...msg.events);
       for (const e of msg.events) {
@@ -241,14 +245,14 @@
           else T.segments.push({ index: T.segments.length, start_step: e.step, end_step: e.step, started: e.time, cause: `${e.kind}: ${e.message}` });
         }
       }
-      eventsTable();
-      for (const id of withMarkers) if (T.charts[id]) T.charts[id].u.redraw();
+      T.later(jobs.events);
+      for (const id of withMarkers) if (T.charts[id]) T.charts[id].refresh();
     }
     const last = T.segments[T.segments.length - 1];
     if (last && msg.rows && msg.rows.length) last.end_step = Math.max(last.end_step, ...msg.rows.map((r) => r[0]));
-    if (msg.events || (msg.rows && T.segments.length > 1)) segmentsTable();
-    if (msg.run) { Object.assign(run, msg.run); configCards(); }
-    header();
+    if (msg.events || (msg.rows && T.segments.length > 1)) T.later(jobs.segments);
+    if (msg.run) { Object.assign(run, msg.run); T.later(jobs.config); }
+    T.later(jobs.header);
     if (msg.rows) dirty = true;
     if (dirty && Date.now() - diagnosedAt > REDIAGNOSE_MS) diagnose();
   };
