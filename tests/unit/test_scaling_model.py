@@ -11,7 +11,7 @@ from tandem.analyze.scaling_comm import (
     CPU_LINK,
     CUDA_LINK,
     JITTER_PER_WORK,
-    JITTER_SCHEDULED_S,
+    JITTER_SCHEDULED,
     cpu_share,
     expected_max,
     expected_order,
@@ -117,7 +117,7 @@ def test_idle_machine_from_one_process() -> None:
     assert (p4.compute_s, p4.data_s, p4.optim_s, p4.other_s) == pytest.approx(
         ((0.100 / 4 + COLD_START_S) / 0.5, 0.001 / 0.5, 0.006 / 0.5, 0.002 / 0.5))
     assert p4.wire_s == pytest.approx(6 * A + (1.5 * GRAD / BETA + GRAD / GAMMA) / 0.5)
-    sigma4 = JITTER_PER_WORK * (0.025 + COLD_START_S + 0.001 + 0.002) + JITTER_SCHEDULED_S
+    sigma4 = (JITTER_PER_WORK + JITTER_SCHEDULED) * (0.025 + COLD_START_S + 0.001 + 0.002)
     assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
     for p in got.values():
         assert p.low <= p.samples_per_s <= p.high
@@ -150,7 +150,7 @@ def test_saturated_machine_shares_cores_with_foreign_threads() -> None:
     assert p2.optim_s == 0.0 and p2.other_s == 0.0  # the cold start took the whole rest
     # The arrival spread: the first rank to arrive gives its third of a core to the
     # foreign threads and the last rank (one of five threads now) gets 0.4.
-    sigma = JITTER_PER_WORK * (compute + 0.4 * 0.004 / 2) + JITTER_SCHEDULED_S
+    sigma = (JITTER_PER_WORK + JITTER_SCHEDULED) * (compute + 0.4 * 0.004 / 2)
     last = -expected_max(2) / share + 2 * expected_max(2) / 0.4
     assert p2.wait_s == pytest.approx(sigma * last, rel=1e-5)
     # On a dedicated machine the same work runs on a whole core each, without the cold
@@ -204,10 +204,11 @@ def test_two_processes_on_their_own_cores() -> None:
     assert got[1].wire_s == 0.0 and got[1].wait_s == 0.0
     # Four processes on two cores: half a core each for all the work, the cold start and
     # 3/2 of the bytes sent included; 6 hops asleep; the arrival spread's work part
-    # (fitted: 1 ms at 2 ranks) and the scheduler's prior, at COST4 per unit.
+    # (fitted: 1 ms at 2 ranks) and the scheduler's prior share of the same work, at
+    # COST4 per unit.
     work4 = 0.010 + COLD_START_S + 0.0005 + 0.004 + 1.5 * GRAD / 1e9 + GRAD / GAMMA
     per_work = JITTER_PER_WORK * 0.001 / (JITTER_PER_WORK * 0.021 * expected_max(2))
-    sigma4 = per_work * (0.010 + COLD_START_S + 0.0005) + JITTER_SCHEDULED_S
+    sigma4 = (per_work + JITTER_SCHEDULED) * (0.010 + COLD_START_S + 0.0005)
     p4 = got[4]
     assert p4.compute_s == pytest.approx((0.010 + COLD_START_S) / 0.5)
     assert p4.wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) / 0.5 + 6 * hop)
@@ -237,20 +238,26 @@ def test_four_processes_on_two_cores_from_their_cpu_time() -> None:
     bytes4 = 1.5 * GRAD / BETA + GRAD / GAMMA
     optim = 0.0172 - per_sample - COLD_START_S - bytes4
     assert optim == pytest.approx(0.000698, abs=1e-6)
-    # The wait: the scheduler's prior (5 ms spread on a saturated host) would explain
-    # more than the 1.5 ms measured, so the spread is what was measured.
+    # The wait: the scheduler's prior share of the work before the collective (the per-
+    # sample work and the cold start) explains part of the 1.5 ms measured; the rest is
+    # the work's own spread, which stays at other sizes.
+    before = per_sample + COLD_START_S
+    scheduled = JITTER_SCHEDULED * before * MEAN_WAIT4
+    assert scheduled < 0.0015
+    per_work = (0.0015 - scheduled) / (before * MEAN_WAIT4)
     cost = 0.0015 * COST4 / MEAN_WAIT4
     hop = (asleep - cost) / 6
     got = predict(fig, [1, 2, 4])
     assert got[4].step_s == pytest.approx(0.040)
     # One process: the four ranks' samples on one core, no cold start, no collective.
     assert got[1].step_s == pytest.approx(4 * per_sample + optim, rel=1e-4)
-    # Two: a core each, the hops at the fitted latency, no spread left (the scheduler's
-    # part needs a saturated host).
+    # Two: a core each, the hops at the fitted latency, the work's spread over twice the
+    # samples (the scheduler's part needs a saturated host).
     bytes2 = GRAD / BETA + GRAD / GAMMA
-    assert got[2].step_s == pytest.approx(2 * per_sample + optim + bytes2 + 2 * hop,
+    wait2 = per_work * 2 * per_sample * expected_max(2)
+    assert got[2].wait_s == pytest.approx(wait2, rel=1e-4)
+    assert got[2].step_s == pytest.approx(2 * per_sample + optim + bytes2 + 2 * hop + wait2,
                                           rel=1e-4)
-    assert got[2].wait_s == pytest.approx(0.0, abs=1e-12)
 
 
 def test_foreign_threads_beside_a_multi_process_run() -> None:
@@ -313,7 +320,7 @@ def test_cuda_ranks_share_devices_and_their_bytes_are_wire_time() -> None:
     wire4 = 1.5 * GRAD / 1e10 + GRAD / CUDA_LINK["local_bytes_per_s"]
     assert p4.wire_s == pytest.approx(6 * hop + wire4)
     per_work = 0.001 / (0.041 * expected_max(2))
-    sigma4 = per_work * 0.0205 + JITTER_SCHEDULED_S
+    sigma4 = (per_work + JITTER_SCHEDULED) * 0.0205
     assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
 
 

@@ -361,7 +361,7 @@ def _accounts(fig: RunFigures, source: float) -> _Accounts:
                       background=spread_over)
     if cost > asleep:  # the wait cannot cost more than the step left
         wait = WaitModel(per_work=wait.per_work * asleep / cost,
-                         scheduled_s=wait.scheduled_s * asleep / cost)
+                         scheduled=wait.scheduled * asleep / cost)
         cost = asleep
     if n0 > 1:
         comm = fit_sleep(comm, n0, asleep - cost, fig.cores, source)
