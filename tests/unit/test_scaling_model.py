@@ -30,8 +30,8 @@ from tandem.analyze.scaling_model import (
 )
 from tandem.monitor.store import RunStore
 
-A, BETA, WAKE, GAMMA = (CPU_LINK[k] for k in ("hop_latency_s", "link_bytes_per_s",
-                                              "wake_s", "local_bytes_per_s"))
+A, BETA, WAKE, GAMMA, FIXED = (CPU_LINK[k] for k in (
+    "hop_latency_s", "link_bytes_per_s", "wake_s", "local_bytes_per_s", "step_wake_s"))
 GRAD = 1_000_000.0  # gradient bytes
 
 
@@ -97,9 +97,10 @@ def test_idle_machine_from_one_process() -> None:
     assert background_threads(fig) == (0.0, 0.0, 0.0)  # 2 x 0.5 busy = our one core
     got = predict(fig, [1, 2, 4])
     assert got[1].step_s == pytest.approx(0.112)
-    # Two ranks: one core each, half the samples each, the ring over 2 hops (the bytes'
-    # work at a whole core), no foreign thread to wake past and no cold start.
-    wire2 = 2 * A + (1.0 * GRAD / BETA + GRAD / GAMMA)
+    # Two ranks: one core each, half the samples each, the ring over 2 hops and the
+    # step's fixed sleep (the bytes' work at a whole core), no foreign thread to wake past
+    # and no cold start.
+    wire2 = FIXED + 2 * A + (1.0 * GRAD / BETA + GRAD / GAMMA)
     pre2 = 0.050 + 0.002 + 0.002
     wait2 = JITTER_PER_WORK * pre2 * expected_max(2)
     p2 = got[2]
@@ -116,7 +117,7 @@ def test_idle_machine_from_one_process() -> None:
     assert p4.cpu_share == 0.5
     assert (p4.compute_s, p4.data_s, p4.optim_s, p4.other_s) == pytest.approx(
         ((0.100 / 4 + COLD_START_S) / 0.5, 0.001 / 0.5, 0.006 / 0.5, 0.002 / 0.5))
-    assert p4.wire_s == pytest.approx(6 * A + (1.5 * GRAD / BETA + GRAD / GAMMA) / 0.5)
+    assert p4.wire_s == pytest.approx(FIXED + 6 * A + (1.5 * GRAD / BETA + GRAD / GAMMA) / 0.5)
     sigma4 = (JITTER_PER_WORK + JITTER_SCHEDULED) * (0.025 + COLD_START_S + 0.001 + 0.002)
     assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
     for p in got.values():
@@ -144,8 +145,8 @@ def test_saturated_machine_shares_cores_with_foreign_threads() -> None:
     work = compute + 0.4 * 0.004 / 2 + bytes2
     wall = WAKE_CREDIT_S + (work - WAKE_CREDIT_S) / share
     assert p2.compute_s + p2.data_s + p2.optim_s + p2.other_s + p2.wire_s == pytest.approx(
-        wall + 2 * A + WAKE * 4 / 2)
-    assert p2.wire_s == pytest.approx(bytes2 / share + 2 * A + WAKE * 4 / 2)
+        wall + FIXED + 2 * A + WAKE * 4 / 2)
+    assert p2.wire_s == pytest.approx(bytes2 / share + FIXED + 2 * A + WAKE * 4 / 2)
     assert p2.compute_s == pytest.approx(compute * (wall - bytes2 / share) / (work - bytes2))
     assert p2.optim_s == 0.0 and p2.other_s == 0.0  # the cold start took the whole rest
     # The arrival spread: the first rank to arrive gives its third of a core to the
@@ -194,9 +195,10 @@ def test_two_processes_on_their_own_cores() -> None:
     assert background_threads(fig)[0] == pytest.approx(0.0)  # 2 x 0.9 = the host's 1.8
     got = predict(fig, [1, 2, 4])
     # The exposed all-reduce held the bytes' work (GRAD / 1e9 sent, GRAD / GAMMA copied:
-    # 1.5 ms); the other 2.5 ms the ranks slept, over 2 hops: 1.25 ms a hop.
+    # 1.5 ms); the other 2.5 ms the ranks slept: the step's fixed sleep, the rest over
+    # 2 hops.
     bytes2 = GRAD / 1e9 + GRAD / GAMMA
-    hop = (0.004 - bytes2) / 2
+    hop = (0.004 - bytes2 - FIXED) / 2
     assert got[2].step_s == pytest.approx(0.030)
     assert got[2].wire_s == pytest.approx(0.004) and got[2].wait_s == pytest.approx(0.001)
     # One process: twice the samples, no collective.
@@ -211,9 +213,11 @@ def test_two_processes_on_their_own_cores() -> None:
     sigma4 = (per_work + JITTER_SCHEDULED) * (0.010 + COLD_START_S + 0.0005)
     p4 = got[4]
     assert p4.compute_s == pytest.approx((0.010 + COLD_START_S) / 0.5)
-    assert p4.wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) / 0.5 + 6 * hop)
+    assert p4.wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) / 0.5 + FIXED
+                                      + 6 * hop)
     assert p4.wait_s == pytest.approx(sigma4 * COST4, rel=1e-4)
-    assert p4.step_s == pytest.approx(work4 / 0.5 + 6 * hop + sigma4 * COST4, rel=1e-4)
+    assert p4.step_s == pytest.approx(work4 / 0.5 + FIXED + 6 * hop + sigma4 * COST4,
+                                      rel=1e-4)
     assert throughput_points(got) == [(n, got[n].samples_per_s) for n in (1, 2, 4)]
 
 
@@ -246,7 +250,7 @@ def test_four_processes_on_two_cores_from_their_cpu_time() -> None:
     assert scheduled < 0.0015
     per_work = (0.0015 - scheduled) / (before * MEAN_WAIT4)
     cost = 0.0015 * COST4 / MEAN_WAIT4
-    hop = (asleep - cost) / 6
+    hop = (asleep - cost - FIXED) / 6
     got = predict(fig, [1, 2, 4])
     assert got[4].step_s == pytest.approx(0.040)
     # One process: the four ranks' samples on one core, no cold start, no collective.
@@ -256,8 +260,8 @@ def test_four_processes_on_two_cores_from_their_cpu_time() -> None:
     bytes2 = GRAD / BETA + GRAD / GAMMA
     wait2 = per_work * 2 * per_sample * expected_max(2)
     assert got[2].wait_s == pytest.approx(wait2, rel=1e-4)
-    assert got[2].step_s == pytest.approx(2 * per_sample + optim + bytes2 + 2 * hop + wait2,
-                                          rel=1e-4)
+    assert got[2].step_s == pytest.approx(
+        2 * per_sample + optim + bytes2 + FIXED + 2 * hop + wait2, rel=1e-4)
 
 
 def test_foreign_threads_beside_a_multi_process_run() -> None:
@@ -377,3 +381,14 @@ def test_predicted_scaling_for_the_report(tmp_path: Path) -> None:
         direct.samples_per_s)
     _store_run(tmp_path / "fsdp.db", plan={"strategy": "fsdp", "micro_batch": 64})
     assert predicted_scaling(tmp_path / "fsdp.db", "r1") == {}
+
+
+def test_a_run_that_slept_less_than_the_fixed_sleep() -> None:
+    # The exposed all-reduce held the bytes' work and 0.2 ms of sleep, less than the
+    # prior's fixed sleep: that 0.2 ms is the step's fixed sleep, and no hop is left.
+    bytes2 = GRAD / 1e9 + GRAD / GAMMA
+    assert 0.0002 < FIXED
+    fig = two_process(comm_exposed_s=bytes2 + 0.0002, step_s=0.026 + bytes2 + 0.0002)
+    got = predict(fig, [2, 4])
+    assert got[2].step_s == pytest.approx(fig.step_s)
+    assert got[4].wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) / 0.5 + 0.0002)

@@ -14,7 +14,11 @@ A collective costs a rank two things that scale differently:
 - **Sleep**: the ring's 2(N-1) hops per bucket, each a message and a wake-up, and beside
   D foreign threads on C cores a wake to a busy core (wake x D / C per bucket). A
   sleeping rank uses no core; the other ranks meet it in the same collective, so the
-  cores idle (unless foreign threads take them).
+  cores idle (unless foreign threads take them). On a CPU host a step above one rank
+  also sleeps a fixed `step_wake_s` that does not grow with the hops (DDP's step
+  against the same work in two independent processes: each rank idled 0.97 ms of an
+  18.3 ms step, of which the prior's two hops explain 0.3; docs/benchmarks.md, the
+  scaling model).
 
 A multi-process run fits the hop latency to what its ranks slept per step less their
 wait (`scaling_model` reads the sleep off the run's CPU accounting): a hop inside a real
@@ -46,9 +50,9 @@ from statistics import NormalDist
 # Priors. CPU: gloo over loopback (DESIGN.md: ~0.4 ms for a 0.1 MiB all-reduce on 2
 # processes, ~1 GiB/s); CUDA: NCCL within one node.
 CPU_LINK = {"hop_latency_s": 150e-6, "link_bytes_per_s": 2**30, "wake_s": 5e-3,
-            "local_bytes_per_s": 2e9}
+            "local_bytes_per_s": 2e9, "step_wake_s": 0.7e-3}
 CUDA_LINK = {"hop_latency_s": 20e-6, "link_bytes_per_s": 20e9, "wake_s": 0.0,
-             "local_bytes_per_s": 200e9}
+             "local_bytes_per_s": 200e9, "step_wake_s": 0.0}
 # A rank's arrival spread: this fraction of its work, and on a saturated host this much
 # more of it (the median of those 12 runs, 6.5%, less the first).
 JITTER_PER_WORK = 0.01
@@ -120,6 +124,8 @@ class CommModel:
     link_bytes_per_s: float
     wake_s: float
     local_bytes_per_s: float
+    step_wake_s: float = 0.0
+    """Sleep per step at more than one rank that does not grow with the hops."""
     bytes_on_host: bool = True
     """CPU: the bytes are the rank's work; CUDA: they are wire time (sleep)."""
     exposure: float = 1.0
@@ -152,7 +158,7 @@ class CommModel:
         hops = self.buckets * 2 * (n - 1) * self.hop_latency_s
         wake = self.buckets * self.wake_s * max(0.0, background) / cores
         wire = 0.0 if self.bytes_on_host else self.bytes_seconds(n)
-        return self.exposure * (hops + wake + wire)
+        return self.step_wake_s + self.exposure * (hops + wake + wire)
 
 
 def comm_model(*, world: int, device: str, buffer_bytes: float, buckets: float,
@@ -184,15 +190,18 @@ def comm_model(*, world: int, device: str, buffer_bytes: float, buckets: float,
 
 def fit_sleep(model: CommModel, world: int, slept: float, cores: int,
               background: float) -> CommModel:
-    """The model that sleeps what the run slept per step at `world` > 1 ranks: the excess
-    over the calibrated (or prior) hops spread over the hops; less than they explain:
-    backward hid the rest."""
+    """The model that sleeps what the run slept per step at `world` > 1 ranks: the fixed
+    part first (no more than was slept), the excess over the calibrated (or prior) hops
+    spread over the hops; less than they explain: backward hid the rest."""
+    model = replace(model, step_wake_s=min(model.step_wake_s, max(0.0, slept)))
     expected = model.sleep(world, background, cores)
     if slept >= expected:
         hops = model.buckets * 2 * (world - 1)
         return replace(model, hop_latency_s=model.hop_latency_s + (slept - expected) / hops,
                        fitted=True)
-    return replace(model, exposure=slept / expected if expected > 0 else 1.0, fitted=True)
+    rest = expected - model.step_wake_s
+    exposure = model.exposure * (slept - model.step_wake_s) / rest if rest > 0 else 1.0
+    return replace(model, exposure=exposure, fitted=True)
 
 
 @dataclass(frozen=True, kw_only=True)
