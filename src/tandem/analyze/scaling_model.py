@@ -48,8 +48,9 @@ what the step had.
 What is not modelled: FSDP, local SGD / DiLoCo, tensor parallelism, batch ramps, data
 loader workers' own CPU demand, memory limits, several nodes, an optimizer that divides
 its step over the ranks (the run store does not record one: Muon's shared
-orthogonalisations are taken as replicated work), and DDP's own per-step cost (a
-one-process run cannot show it). A prediction holds for the background the run saw; the
+orthogonalisations are taken as replicated work), and DDP's own per-step work (a
+one-process run cannot show it; the sleep it adds is `scaling_comm`'s fixed
+`step_wake_s`). A prediction holds for the background the run saw; the
 interval spans the background's quartiles over the run's windows, its drift by +-20%
 since, and each term's stated uncertainty.
 """
