@@ -31,11 +31,11 @@ is checked against): gloo over loopback, DDP with one gradient bucket.
 
 The wait for the last rank: ranks reach the collective spread as sigma x N standard
 normals in core-seconds (sigma: a fraction of the work before the collective, and on a
-saturated host a further fraction, from the timeslices that work is cut into between
-the other runnable threads'). On the 2-core machine the spread of 4 ranks was 5.7-8.6%
-of that work on both examples, whose steps differ sixfold (12 runs: docs/benchmarks.md,
-the scaling model), and 0.6-2.7% at 2 ranks with a core each. With a core each the step waits
-sigma x E[max]. Sharing cores, a rank that arrived sleeps and its share goes to the
+saturated host a further fraction: that work is cut into timeslices among the other
+runnable threads). On the 2-core machine the spread of 4 ranks was 5.7-8.6% of that
+work on both examples, whose steps differ sixfold (12 runs: docs/benchmarks.md, the
+scaling model), and 0.6-2.7% at 2 ranks with a core each. With a core each the step
+waits sigma x E[max]. Sharing cores, a rank that arrived sleeps and its share goes to the
 threads still runnable: k ranks left beside D foreign threads run at min(1, C / (k + D))
 each, so the gaps between later arrivals shrink (`wait_units`).
 """
