@@ -26,8 +26,10 @@ step costs more than the calibrated probe's (DDP's hook and future, an optimizer
 collective if it has one), and all of it grows with the hops. Less sleep than the probe
 explains means backward hid the rest (the exposure). A one-process run uses priors, as
 do the bytes' rates unless the run calibrated its link. The priors for a CPU host are
-from runs of the examples on a 2-core machine beside other jobs (not the runs the model
-is checked against): gloo over loopback, DDP with one gradient bucket.
+from runs of the examples on a 2-core machine (gloo over loopback, DDP with one gradient
+bucket): the link's beside other jobs, not the runs the model is checked against; the
+fixed sleep from an independent pair of processes; the scheduler's share of the arrival
+spread from two sets of the benchmark's runs, checked since on a later set.
 
 The wait for the last rank: ranks reach the collective spread as sigma x N standard
 normals in core-seconds (sigma: a fraction of the work before the collective, and on a
