@@ -392,3 +392,14 @@ def test_a_run_that_slept_less_than_the_fixed_sleep() -> None:
     got = predict(fig, [2, 4])
     assert got[2].step_s == pytest.approx(fig.step_s)
     assert got[4].wire_s == pytest.approx((1.5 * GRAD / 1e9 + GRAD / GAMMA) / 0.5 + 0.0002)
+
+
+def test_one_process_buckets_hide_behind_a_short_backward_but_not_the_fixed_sleep() -> None:
+    # Four buckets of a 1 MB gradient; backward lasts 0.4 ms, so of the three earlier
+    # buckets' sleep at 2 ranks (3 x 2 hops) only 0.3 ms hides behind it. The step's
+    # fixed sleep comes after the last bucket and hides behind nothing.
+    fig = one_process(bucket_bytes=250_000.0, backward_s=0.0004)
+    hops = 4 * 2 * A
+    exposure = 1.0 - 0.0004 * 3 / 4 / hops
+    p2 = predict(fig, [2], background=0.0)[2]
+    assert p2.wire_s == pytest.approx(GRAD / BETA + GRAD / GAMMA + FIXED + exposure * hops)

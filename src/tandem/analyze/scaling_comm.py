@@ -182,8 +182,9 @@ def comm_model(*, world: int, device: str, buffer_bytes: float, buckets: float,
     if world > 1 or model.buckets <= 1:
         return model
     # The last bucket's collective is exposed; the earlier ones sleep behind the backward
-    # that follows them, as far as it lasts (judged at 2 ranks).
-    total = model.sleep(2, background, cores)
+    # that follows them, as far as it lasts (judged at 2 ranks). The step's fixed sleep
+    # comes after the last of them and is not hidden.
+    total = model.sleep(2, background, cores) - model.step_wake_s
     earlier = total * (model.buckets - 1) / model.buckets
     hidden = min(earlier, backward_s * (model.buckets - 1) / model.buckets)
     exposure = max(1.0 / model.buckets, 1.0 - hidden / total) if total > 0 else 1.0
