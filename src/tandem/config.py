@@ -144,6 +144,14 @@ def validate(config: Config) -> Config:
             f"plan.comm_hook: {config.plan.comm_hook!r} applies to DDP; with plan.strategy "
             f"{config.plan.strategy!r} leave it 'none' (fsdp: set plan.fsdp_reduce_dtype)"
         )
+    if config.plan.host_allreduce == "shared_memory" and (
+            config.plan.comm_hook != "none" or config.plan.strategy not in ("auto", "ddp")
+            or config.plan.tp > 1):
+        raise ValueError(
+            "plan.host_allreduce: 'shared_memory' carries DDP's plain gradient all-reduce; "
+            f"with plan.strategy {config.plan.strategy!r}, plan.comm_hook "
+            f"{config.plan.comm_hook!r} and plan.tp {config.plan.tp} use 'auto' or 'backend' "
+            "(it needs strategy auto/ddp, comm_hook 'none' and tp 1)")
     if config.optim.min_lr_ratio > 1:
         raise ValueError(f"optim.min_lr_ratio: {config.optim.min_lr_ratio} must be <= 1")
     if not 0 < config.optim.pct_start < 1:

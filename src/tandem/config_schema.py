@@ -130,6 +130,12 @@ class PlanConfig:
         "bytes; bf16 needs nccl); powersgd, topk (lossy, with error feedback); hierarchical "
         "(reduce in node, all-reduce between nodes, broadcast in node)"
     )
+    host_allreduce: Literal["auto", "shared_memory", "backend"] = _doc(
+        "auto", "DDP's gradient all-reduce between CPU processes of one host: shared_memory "
+        "(each process writes its buckets into one shared segment and sums its peers'; no "
+        "sockets); backend (the process group's, gloo); auto: shared_memory where every "
+        "process can map one segment, comm_hook is none and the host is x86-64, else backend"
+    )
     powersgd_rank: int = _doc(2, "comm_hook powersgd: rank of the low-rank approximation")
     powersgd_warmup: int = _doc(
         10, "comm_hook powersgd: steps of plain all-reduce before compressing (>= 2)"

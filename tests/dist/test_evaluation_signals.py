@@ -41,8 +41,10 @@ def _fit(rank: int, world: int, out: str, case: str) -> None:
             return allreduce(state, bucket)
 
         default_hooks.allreduce_hook = slow_link
+    # The slow link is the process group's: its hook is the one made slow above.
+    plan = {"host_allreduce": "backend"} if case == "comm" else {}
     cfg = toy_task.config(out, 40, 40, monitor={"log_every": 5, "calibrate_at": 5},
-                          checkpoint={"at_end": False})
+                          checkpoint={"at_end": False}, plan=plan)
     tandem.fit(task, config=cfg)
 
 

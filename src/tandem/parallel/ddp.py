@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import torch
@@ -13,8 +13,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.clocks import Mark
-from tandem.parallel import hooks
+from tandem.parallel import hooks, host_allreduce
 from tandem.parallel.hierarchical import register_hierarchical
+from tandem.parallel.host_allreduce import HostAllReduce
 from tandem.parallel.strategy import Build, Pass, Strategy, fresh_copy
 
 log = logging.getLogger("tandem")
@@ -28,6 +29,7 @@ class DDPStrategy(Strategy):
     syncs_each_backward: ClassVar[bool] = True
 
     stats: hooks.CommStats | None = None  # bytes the comm hook sent
+    host: HostAllReduce | None = None  # the shared-memory all-reduce, where it is used
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         plan, device = self.plan, self.runtime.device
@@ -45,10 +47,12 @@ class DDPStrategy(Strategy):
     def _register_hook(self, ddp: DistributedDataParallel) -> None:
         plan, runtime = self.plan, self.runtime
         if plan.comm_hook != "hierarchical":
+            if plan.comm_hook == "none":
+                self.host = self._host_allreduce(ddp)
             self.stats = hooks.register(
                 ddp, plan.comm_hook, backend=dist.get_backend(),
                 powersgd_rank=plan.powersgd_rank, powersgd_warmup=plan.powersgd_warmup,
-                topk_ratio=plan.topk_ratio)
+                topk_ratio=plan.topk_ratio, host=self.host)
         elif runtime.local_world_size in (1, runtime.world_size):
             # One node (or one process per node): two levels would only add a step.
             log.warning("plan.comm_hook 'hierarchical' on %d node(s) of %d processes: using "
@@ -56,6 +60,30 @@ class DDPStrategy(Strategy):
                         runtime.local_world_size)
         else:
             register_hierarchical(ddp, runtime.local_world_size)
+
+    def _host_allreduce(self, ddp: DistributedDataParallel) -> HostAllReduce | None:
+        """The shared-memory all-reduce where plan.host_allreduce allows it and every
+        process maps one segment (collective: all ranks decide together)."""
+        choice = self.plan.host_allreduce
+        if choice == "backend":
+            return None
+        problem = host_allreduce.unsupported(self.runtime.device)
+        if problem is None:
+            slot = host_allreduce.slot_bytes(
+                [q for q in ddp.module.parameters() if q.requires_grad], ddp.process_group)
+            try:
+                return HostAllReduce(ddp.process_group, slot, self.plan.timeout_s)
+            except OSError as err:
+                problem = str(err)
+        if choice == "shared_memory":
+            raise RuntimeError(f"plan.host_allreduce 'shared_memory': cannot be used here: "
+                               f"{problem}; use 'auto' or 'backend'")
+        log.info("gradient all-reduce: the process group's (%s)", problem)
+        return None
+
+    def gradient_all_reduce(self) -> Callable[[torch.Tensor], object] | None:
+        """The sum all-reduce DDP's gradients go through (the link calibration times it)."""
+        return self.host.all_reduce if self.host is not None else None
 
     @property
     def module(self) -> nn.Module:
@@ -107,4 +135,5 @@ class DDPStrategy(Strategy):
     def describe(self) -> dict[str, object]:
         """Plan entries for the run record."""
         return {"strategy": self.name, "bucket_mb": self.plan.bucket_mb,
-                "comm_hook": self.plan.comm_hook, "static_graph": self.plan.static_graph}
+                "comm_hook": self.plan.comm_hook, "static_graph": self.plan.static_graph,
+                "allreduce": "shared_memory" if self.host is not None else "backend"}

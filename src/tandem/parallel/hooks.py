@@ -20,6 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.clocks import mark
+from tandem.parallel.host_allreduce import HostAllReduce
 from tandem.parallel.topk import TopKState, topk_hook
 
 log = logging.getLogger("tandem")
@@ -153,6 +154,15 @@ def _counted(inner: Hook, stats: CommStats,
     return hook
 
 
+def host_allreduce_hook(state: HostAllReduce,
+                        bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's mean all-reduce of one bucket through the host's shared memory (in place)."""
+    buffer = state.all_reduce(bucket.buffer(), mean=True)
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
 def _check(name: str, backend: str, powersgd_rank: int, powersgd_warmup: int,
            topk_ratio: float) -> None:
     if name not in HOOKS:
@@ -176,20 +186,26 @@ def _check(name: str, backend: str, powersgd_rank: int, powersgd_warmup: int,
 
 def register(ddp: DistributedDataParallel, name: str, *, backend: str,
              powersgd_rank: int = 2, powersgd_warmup: int = 10,
-             topk_ratio: float = 0.01) -> CommStats:
+             topk_ratio: float = 0.01, host: HostAllReduce | None = None) -> CommStats:
     """Register the gradient-communication hook `name` on `ddp`; return its byte counter.
 
     none: DDP's own fp32 all-reduce; fp16 / bf16: all-reduce in half precision;
     powersgd: torch's PowerSGD (rank `powersgd_rank`, plain all-reduce for the first
     `powersgd_warmup` steps, error feedback, warm start); topk: the `topk_ratio` largest
-    entries of each bucket with error feedback (tandem.parallel.topk). Must be called on
+    entries of each bucket with error feedback (tandem.parallel.topk). `host`: with 'none',
+    carry the all-reduce through this shared segment instead of the process group (the
+    same mean, the same bytes counted). Must be called on
     all processes with the same arguments, before the first forward.
     """
     _check(name, backend, powersgd_rank, powersgd_warmup, topk_ratio)
     world = dist.get_world_size(ddp.process_group)
     stats = CommStats(name, world)
     group = ddp.process_group
-    if name == "none":  # DDP's own fp32 all-reduce, counted and probed
+    if name == "none" and host is not None:
+        ddp.register_comm_hook(host, _counted(
+            host_allreduce_hook, stats,
+            lambda b: ring_allreduce_bytes(_bucket_bytes(b), world)))
+    elif name == "none":  # DDP's own fp32 all-reduce, counted and probed
         ddp.register_comm_hook(group, _counted(
             default_hooks.allreduce_hook, stats,
             lambda b: ring_allreduce_bytes(_bucket_bytes(b), world)))
@@ -212,5 +228,6 @@ def register(ddp: DistributedDataParallel, name: str, *, backend: str,
             topk_hook, stats,
             lambda b: (world - 1) * topk.payload_bytes(b.buffer().numel(), b.buffer().dtype)))
         stats.state = topk
-    log.info("comm hook: %s on %d ranks", name, world)
+    log.info("comm hook: %s on %d ranks%s", name, world,
+             " (all-reduce through shared memory)" if host is not None else "")
     return stats

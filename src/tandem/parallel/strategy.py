@@ -119,6 +119,11 @@ class Strategy:
     def after_step(self, step: int, last: bool) -> None:
         """After the optimizer step `step` (steps done so far); `last`: the run's last."""
 
+    def gradient_all_reduce(self) -> Callable[[torch.Tensor], object] | None:
+        """The sum all-reduce the gradients go through when it is not the process group's
+        (None: `dist.all_reduce`); the link calibration times the same path."""
+        return None
+
     def take_comm_mark(self) -> Mark | None:
         """When the last synchronising backward's last gradient was ready to communicate
         (None: this plan communicates nothing inside backward)."""
