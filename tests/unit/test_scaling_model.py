@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import platform
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from tandem.analyze.scaling_comm import (
     CUDA_LINK,
     JITTER_PER_WORK,
     JITTER_SCHEDULED,
+    SHM_LINK,
     cpu_share,
     expected_max,
     expected_order,
@@ -403,3 +405,33 @@ def test_one_process_buckets_hide_behind_a_short_backward_but_not_the_fixed_slee
     exposure = 1.0 - 0.0004 * 3 / 4 / hops
     p2 = predict(fig, [2], background=0.0)[2]
     assert p2.wire_s == pytest.approx(GRAD / BETA + GRAD / GAMMA + FIXED + exposure * hops)
+
+
+def test_shared_memory_priors_replace_gloos_at_two_processes() -> None:
+    """A one-process run whose plan would all-reduce through shared memory predicts two
+    ranks with that path's priors: its hops and bytes, and no fixed sleep."""
+    hop, rate, local = (SHM_LINK[k] for k in (
+        "hop_latency_s", "link_bytes_per_s", "local_bytes_per_s"))
+    gloo, shm = (predict(one_process(shared_memory=flag), [2])[2] for flag in (False, True))
+    assert shm.wire_s == pytest.approx(2 * hop + (1.0 * GRAD / rate + GRAD / local))
+    assert gloo.wire_s == pytest.approx(FIXED + 2 * A + (1.0 * GRAD / BETA + GRAD / GAMMA))
+    assert shm.samples_per_s > gloo.samples_per_s
+
+
+@pytest.mark.parametrize(("plan", "settings", "expected"), [
+    ({"strategy": "ddp", "allreduce": "shared_memory"}, {}, True),
+    ({"strategy": "ddp", "allreduce": "backend"}, {"host_allreduce": "auto"}, False),
+    ({"strategy": "single"}, {"host_allreduce": "auto", "comm_hook": "none"}, True),
+    ({"strategy": "single"}, {"host_allreduce": "backend"}, False),
+    ({"strategy": "single"}, {"host_allreduce": "auto", "comm_hook": "fp16"}, False),
+    ({"strategy": "single"}, {}, False),  # a run made before the option: gloo
+])
+def test_a_stored_run_says_which_all_reduce_it_took(tmp_path: Path, plan: dict,
+                                                    settings: dict, expected: bool) -> None:
+    if expected and platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the shared-memory path is x86-64 only")
+    run = {"run_id": "r", "config": {"plan": settings, "train": {"global_batch": 8}},
+           "plan": {"device": "cpu", "micro_batch": 8, **plan}, "env": {"world_size": 1}}
+    rows = [{"step": s, "rank": -1, "name": "time/step", "value": 0.01, "time": 0.0}
+            for s in (10, 20, 30)]
+    assert figures_from_run(run, rows, cores=2).shared_memory is expected

@@ -53,6 +53,15 @@ from statistics import NormalDist
 # processes, ~1 GiB/s); CUDA: NCCL within one node.
 CPU_LINK = {"hop_latency_s": 150e-6, "link_bytes_per_s": 2**30, "wake_s": 5e-3,
             "local_bytes_per_s": 2e9, "step_wake_s": 0.7e-3}
+# CPU through the host's shared memory (`parallel.host_allreduce`): no sockets and no
+# threads to wake, a round costs a write, the peers' counters and a sum of their slots.
+# The calibration probe on this path, 2 processes on the 2-core machine: 15 us latency
+# (two "hops" of 7.5), 4.6-7.6 GB/s of buffer (0.25 MB and 4 MB buffers).
+SHM_HOP_S = 7.5e-6
+SHM_BYTES_PER_S = 5e9
+SHM_LINK = {"hop_latency_s": SHM_HOP_S, "link_bytes_per_s": SHM_BYTES_PER_S,
+            "wake_s": CPU_LINK["wake_s"], "local_bytes_per_s": CPU_LINK["local_bytes_per_s"],
+            "step_wake_s": 0.0}
 CUDA_LINK = {"hop_latency_s": 20e-6, "link_bytes_per_s": 20e9, "wake_s": 0.0,
              "local_bytes_per_s": 200e9, "step_wake_s": 0.0}
 # A rank's arrival spread: this fraction of its work, and on a saturated host this much
@@ -166,12 +175,12 @@ class CommModel:
 def comm_model(*, world: int, device: str, buffer_bytes: float, buckets: float,
                latency_s: float | None, allreduce_bytes_per_s: float | None,
                backward_s: float, cores: int, background: float,
-               share: float) -> CommModel:
+               share: float, shared_memory: bool = False) -> CommModel:
     """The run's collectives before `fit_sleep`: the calibrated link where the run has one
-    (`share`: the share of a core each rank had while the probe ran), else priors; a
-    one-process run's buckets overlap the backward."""
+    (`share`: the share of a core each rank had while the probe ran), else priors (CPU:
+    gloo's, or `shared_memory`'s); a one-process run's buckets overlap the backward."""
     on_host = device != "cuda"
-    link = dict(CPU_LINK if on_host else CUDA_LINK)
+    link = dict((SHM_LINK if shared_memory else CPU_LINK) if on_host else CUDA_LINK)
     if world > 1 and latency_s is not None and allreduce_bytes_per_s:
         link["hop_latency_s"] = latency_s / (2 * (world - 1))
         # The probe's wall rate; on a host, its ranks' work ran at `share` of a core.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import median
@@ -64,6 +65,17 @@ def _check_plan(run: Mapping[str, Any]) -> None:
                          "(its steps differ); use a run without a ramp")
 
 
+def _shared_memory(plan: Mapping[str, Any], config: Mapping[str, Any], device: str) -> bool:
+    """Whether the run's gradients went through the host's shared memory; for a
+    one-process run, whether they would at more processes (plan.host_allreduce)."""
+    if "allreduce" in plan:
+        return plan["allreduce"] == "shared_memory"
+    settings = config.get("plan") or {}  # runs made before the option: the backend
+    return (device == "cpu" and settings.get("host_allreduce", "backend") != "backend"
+            and settings.get("comm_hook", "none") == "none"
+            and platform.machine().lower() in ("x86_64", "amd64"))
+
+
 def figures_from_run(run: Mapping[str, Any], metrics: Sequence[Metric],
                      cores: int | None = None) -> RunFigures:
     """RunFigures from a stored run and its metric rows (`cores`: the machine's, default
@@ -100,6 +112,7 @@ def figures_from_run(run: Mapping[str, Any], metrics: Sequence[Metric],
         sync_wait_s=at("time/sync_wait") or 0.0, samples_per_s=at("samples_per_s") or 0.0,
         grad_bytes=at("mem/grad_bytes") or 0.0,
         comm_hook=str(plan.get("comm_hook", "none")),
+        shared_memory=_shared_memory(plan, config, device),
         bucket_bytes=float(plan.get("bucket_mb", 25.0)) * 2**20,
         bytes_per_step=at("comm/bytes_per_step", None),
         buckets_per_step=at("comm/buckets_per_step", None),

@@ -121,6 +121,9 @@ class RunFigures:
     samples_per_s: float = 0.0
     grad_bytes: float = 0.0
     comm_hook: str = "none"
+    shared_memory: bool = False
+    """DDP's all-reduce goes (or at more processes would go) through the host's shared
+    memory (`plan.host_allreduce`), not gloo's sockets."""
     bucket_bytes: float = 25 * 2**20
     bytes_per_step: float | None = None
     """Bytes each rank sends per step (ring-counted), as measured (None at N0 = 1)."""
@@ -330,7 +333,7 @@ def _accounts(fig: RunFigures, source: float) -> _Accounts:
     comm = comm_model(world=n0, device=fig.device, buffer_bytes=buffer, buckets=buckets,
                       latency_s=fig.latency_s, allreduce_bytes_per_s=fig.allreduce_bytes_per_s,
                       backward_s=fig.backward_s, cores=fig.cores, background=source,
-                      share=host)
+                      share=host, shared_memory=fig.shared_memory)
     if n0 > 1 and comm.work(n0) > fig.comm_exposed_s * host:
         # The bytes' work cannot have taken longer than the exposed collective it is in.
         comm = comm.faster(fig.comm_exposed_s * host / comm.work(n0))

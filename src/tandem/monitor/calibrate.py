@@ -25,36 +25,44 @@ REPEATS = 3  # pairs of timings: what keeps the probe within 0.5% of the demo ru
 # (benchmarks/calibration_cost.py); their range is recorded as the bandwidth's spread
 
 
-def _timed(buffer: torch.Tensor, device: torch.device) -> float:
+AllReduce = Callable[[torch.Tensor], object]  # sum in place over the group
+
+
+def _timed(buffer: torch.Tensor, device: torch.device, all_reduce: AllReduce) -> float:
     """One all-reduce of `buffer`, timed on this rank's wall clock."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
-    dist.all_reduce(buffer)
+    all_reduce(buffer)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter() - start
 
 
-def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS) -> dict[str, float]:
+def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS,
+              all_reduce: AllReduce = dist.all_reduce) -> dict[str, float]:
     """All-reduce latency (s) and algorithmic bandwidth (buffer bytes/s) of this group,
     from `repeats` pairs of timings at a small size and at `nbytes`, with the spread of
-    the bandwidth over the pairs. All ranks.
+    the bandwidth over the pairs. All ranks. `all_reduce`: the path the gradients take
+    (the process group's, or the host's shared memory).
 
-    A barrier aligns the ranks before each pair, so a late rank is not counted as wire;
-    the small all-reduce then aligns them for the big one (the ranks leave a collective
-    within one message of each other), which saves a barrier per pair.
+    A barrier aligns the ranks before each pair, so a late rank is not counted as wire,
+    and an untimed small all-reduce after it takes up how far apart the ranks left the
+    barrier (on a fast path, such as the host's shared memory, that skew is more than the
+    big buffer's own cost); each timed all-reduce then aligns the ranks for the next (they
+    leave a collective within one message of each other).
     """
     big_n = max(nbytes, 16 * SMALL_BYTES) // 4
     small = torch.zeros(SMALL_BYTES // 4, dtype=torch.float32, device=device)
     big = torch.zeros(big_n, dtype=torch.float32, device=device)
-    dist.all_reduce(small)
-    dist.all_reduce(big)  # warm the path and its buffers once, unmeasured
+    all_reduce(small)
+    all_reduce(big)  # warm the path and its buffers once, unmeasured
     t_small, t_big = [], []
     for _ in range(repeats):
         dist.barrier()  # every rank starts together: the time is the link's, not a wait
-        t_small.append(_timed(small, device))
-        t_big.append(_timed(big, device))
+        all_reduce(small)  # and leaves the barrier's skew behind, untimed
+        t_small.append(_timed(small, device, all_reduce))
+        t_big.append(_timed(big, device, all_reduce))
     span = (big.numel() - small.numel()) * 4
     rates = sorted(span / max(b - s, 1e-9) for s, b in zip(t_small, t_big, strict=True))
     rate = statistics.median(rates)
@@ -66,12 +74,14 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS) -> dict
 
 def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
               grad_bytes: int, precision: str, communicates: bool,
-              signature: str | None = None) -> dict[str, float]:
+              signature: str | None = None,
+              all_reduce: AllReduce = dist.all_reduce) -> dict[str, float]:
     """Every once-per-run figure, as metric name -> value. All ranks.
 
     `communicates`: gradients or weights cross the group (the link's cost is measured).
     `signature`: what the step's FLOP count depends on (`flops.step_signature`), to read
     a count kept from an earlier run of the same step instead of counting again.
+    `all_reduce`: the path the gradients take, whose cost is measured.
     """
     figures: dict[str, float] = {}
     flops = kept_flops(signature)
@@ -91,5 +101,5 @@ def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
         figures["flops/peak"] = peak
         figures["flops/peak_measured"] = 1.0 if source.startswith("measured") else 0.0
     if world_size > 1 and communicates:
-        figures.update(link_cost(grad_bytes, device))
+        figures.update(link_cost(grad_bytes, device, all_reduce=all_reduce))
     return figures

@@ -83,6 +83,8 @@ class Calibration:
         self.started = time.perf_counter()
         self.grad_bytes = sum(q.numel() * q.element_size() for q in parts.params)
         self.seconds = 0.0  # what every measurement so far added to the run's wall time
+        # The link measured is the one the gradients take.
+        self.all_reduce = parts.strategy.gradient_all_reduce() or dist.all_reduce
 
     def run(self, batch: object, accum: int, reporter: Reporter) -> None:
         """Measure FLOPs, peak and the link on `batch` (the last micro-batch). All ranks.
@@ -114,7 +116,8 @@ class Calibration:
                                     grad_bytes=self.grad_bytes,
                                     precision=p.config.precision.mode,
                                     communicates=p.layout.dp_size > 1,
-                                    signature=signature)
+                                    signature=signature,
+                                    all_reduce=self.all_reduce)
         finally:
             with torch.no_grad():
                 for name, value in model.named_buffers():
@@ -137,7 +140,7 @@ class Calibration:
     def relink(self, reporter: Reporter) -> None:
         """Measure the link's cost again (the ranks agreed to). All ranks."""
         started = time.perf_counter()
-        figures = link_cost(self.grad_bytes, self.p.device)
+        figures = link_cost(self.grad_bytes, self.p.device, all_reduce=self.all_reduce)
         self.p.monitor.static.update(figures)
         self.seconds += added_to_run(time.perf_counter() - started, self.p.device)
         reporter.record(self.p.state.step, {**figures, "time/calibration_s": self.seconds})
