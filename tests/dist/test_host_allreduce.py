@@ -1,4 +1,4 @@
-"""The shared-memory all-reduce: the group's sum and mean, the same bits on every rank,
+"""The shared-memory group: the sum, mean and gather, the same bits on every rank,
 DDP's training unchanged, and a dead or late peer named instead of a hang."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tandem.config import load
 from tandem.parallel import hooks
-from tandem.parallel.host_allreduce import SHM_DIR, HostAllReduce, unsupported
+from tandem.parallel.host_allreduce import SHM_DIR, SharedMemoryGroup, unsupported
 from tests.dist.procs import run_ranks
 
 pytestmark = pytest.mark.skipif(unsupported(torch.device("cpu")) is not None,
@@ -32,7 +32,7 @@ def _sums(rank: int, world: int, out: str) -> None:
     dist.init_process_group("gloo")
     try:
         before = set(glob.glob(f"{SHM_DIR}/tandem-allreduce-*"))
-        host = HostAllReduce(None, slot_bytes=4096, timeout_s=30)  # 1,024 floats a slot
+        host = SharedMemoryGroup(None, slot_bytes=4096, timeout_s=30)  # 1,024 floats a slot
         report: dict[str, object] = {"left": sorted(set(glob.glob(
             f"{SHM_DIR}/tandem-allreduce-*")) - before), "slot": host.slot_bytes}
         for name, numel, dtype, mean in (("small", 10, torch.float32, False),
@@ -53,6 +53,10 @@ def _sums(rank: int, world: int, out: str) -> None:
                                              else g.view(torch.int16), got.view(torch.uint8)
                                              if got.dtype != torch.bfloat16
                                              else got.view(torch.int16)) for g in gathered)}
+        mine = _local(rank, 3000, torch.float32).view(30, 100)
+        gathered = host.all_gather(mine)  # 3 pieces of 1,024 floats
+        report["gather"] = all(torch.equal(g, _local(r, 3000, torch.float32).view(30, 100))
+                               for r, g in enumerate(gathered)) and len(gathered) == world
         report["rounds"] = host.round
         Path(out, f"{rank}.json").write_text(json.dumps(report))
         host.close()
@@ -69,8 +73,9 @@ def test_sum_and_mean_match_an_independent_sum_with_the_same_bits_everywhere(
         report = json.loads((tmp_path / f"{r}.json").read_text())
         assert report["left"] == [], "the segment's name must be gone once all have mapped it"
         assert report["slot"] == 4096
-        # 1 + 5 (5,000 floats in slots of 1,024) + 3 + 1 rounds, the same on every rank.
-        assert report["rounds"] == 10
+        # 1 + 5 (5,000 floats in slots of 1,024) + 3 + 1 rounds, then a gather of 3.
+        assert report["rounds"] == 13
+        assert report["gather"]
         for name in ("small", "pieces", "mean"):
             assert report[name]["same_bits"], name
             assert report[name]["error"] <= 1e-6 * max(1.0, report[name]["scale"]), name
@@ -89,7 +94,7 @@ def _train(rank: int, world: int, out: str) -> None:
     dist.init_process_group("gloo")
     try:
         ddp = DistributedDataParallel(_model(), gradient_as_bucket_view=True)
-        host = HostAllReduce(None, slot_bytes=256, timeout_s=30)  # a bucket in 8 pieces
+        host = SharedMemoryGroup(None, slot_bytes=256, timeout_s=30)  # a bucket in 8 pieces
         stats = hooks.register(ddp, "none", backend="gloo", host=host)
         plain = _model()
         opt_a = torch.optim.SGD(ddp.parameters(), lr=0.1)
@@ -136,7 +141,7 @@ def test_ddp_trains_as_with_the_process_groups_all_reduce(tmp_path: Path) -> Non
 
 def _peer_gone(rank: int, world: int, out: str, mode: str) -> None:
     dist.init_process_group("gloo")
-    host = HostAllReduce(None, slot_bytes=1024, timeout_s=1.5)
+    host = SharedMemoryGroup(None, slot_bytes=1024, timeout_s=1.5)
     if rank == 1:
         if mode == "dies":
             os._exit(0)  # no all-reduce, no goodbye

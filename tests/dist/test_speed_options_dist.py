@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tandem
+from tandem.parallel.host_allreduce import SharedMemoryGroup, unsupported
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks
 
@@ -109,21 +110,29 @@ def _muon_shared(rank: int, world: int, out: str) -> None:
         steps = 2 * Muon.TRIAL_STEPS + 2
         grads = [[torch.randn(*s, generator=gen) for s in shapes] for _ in range(steps)]
         results = []
-        for share in (False, True):
+        host = SharedMemoryGroup(None, 1024, 30) if unsupported(torch.device("cpu")) is None \
+            else None  # gathers in pieces of 256 floats
+        for share in ("alone", "process group", "shared memory"):
+            if share == "shared memory" and host is None:
+                continue
             params = [torch.nn.Parameter(w.clone()) for w in start]
             opt = Muon([{"params": params[:4]},
                         {"params": params[4:], "muon": False, "lr": 1e-3}], lr=0.03)
-            if share:
+            if share == "process group":  # timed both ways, then the faster one
                 opt.share_work(None)
+            elif share == "shared memory":  # shared from the first step on
+                opt.share_work(None, host)
+                opt._sharing, opt._trial = True, None
             for step in grads:
                 for p, g in zip(params, step, strict=True):
                     p.grad = g.clone()
                 opt.step()
             results.append([p.detach() for p in params])
-        decided = [None] * world
-        dist.all_gather_object(decided, (opt.shares_work, opt.sharing_timed))
+            if share == "process group":
+                decided = [None] * world
+                dist.all_gather_object(decided, (opt.shares_work, opt.sharing_timed))
         if rank == 0:
-            torch.save({"alone": results[0], "shared": results[1], "decided": decided},
+            torch.save({"alone": results[0], "shared": results[1:], "decided": decided},
                        Path(out, "muon.pt"))
     finally:
         dist.destroy_process_group()
@@ -133,8 +142,10 @@ def _muon_shared(rank: int, world: int, out: str) -> None:
 def test_muon_shared_over_two_ranks_equals_each_rank_alone(tmp_path: Path) -> None:
     run_ranks(_muon_shared, 2, str(tmp_path), timeout=150)
     got = torch.load(tmp_path / "muon.pt", weights_only=False)
-    for alone, shared in zip(got["alone"], got["shared"], strict=True):
-        assert torch.equal(alone, shared)
+    assert len(got["shared"]) == (2 if unsupported(torch.device("cpu")) is None else 1)
+    for shared in got["shared"]:  # through the process group, and through shared memory
+        for alone, mine in zip(got["alone"], shared, strict=True):
+            assert torch.equal(alone, mine)
     # both processes timed both ways and took the same, faster one
     (share0, timed0), (share1, timed1) = got["decided"]
     assert timed0 is not None and timed0 == timed1 and share0 == share1

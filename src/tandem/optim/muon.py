@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from tandem.optim.layerwise import check_range
+from tandem.parallel.host_allreduce import SharedMemoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -117,18 +118,22 @@ class Muon(Optimizer):
             else:
                 group.pop("momentum", None)  # an AdamW group: its momentum is betas[0]
         self._group: dist.ProcessGroup | None = None
+        self._host: SharedMemoryGroup | None = None
         self._sharing = False
         self._trial: list[list[float]] | None = None
         self.sharing_timed: tuple[float, float] | None = None
         """Seconds a step's orthogonalisations took (alone, shared), the slowest process's
         fastest step each way, once sharing has been decided."""
 
-    def share_work(self, group: dist.ProcessGroup | None) -> None:
+    def share_work(self, group: dist.ProcessGroup | None,
+                   host: SharedMemoryGroup | None = None) -> None:
         """Split the orthogonalisations of plain (replicated) parameters over the processes
         of `group` (None: the default group) where that is measured to be faster. Only where
         every process of the group holds the same parameters and gradients at every step;
-        every process must call `step`."""
+        every process must call `step`. `host`: the same processes' shared-memory group,
+        to gather the results through instead of the process group."""
         self._group, self._sharing, self._trial = group, False, [[], []]
+        self._host = host
 
     @property
     def shares_work(self) -> bool:
@@ -213,8 +218,11 @@ class Muon(Optimizer):
         if mine:
             torch.cat([orthogonalize(*work[i]).flatten() for i in mine],
                       out=flat[: sizes[rank]])
-        parts = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(parts, flat, group=self._group)
+        if self._host is not None and flat.device.type == "cpu":
+            parts = self._host.all_gather(flat)
+        else:
+            parts = [torch.empty_like(flat) for _ in range(world)]
+            dist.all_gather(parts, flat, group=self._group)
         out: list[torch.Tensor] = [like] * len(work)
         offsets = [0] * world
         for i, (direction, _) in enumerate(work):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
@@ -15,7 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tandem.clocks import Mark
 from tandem.parallel import hooks, host_allreduce
 from tandem.parallel.hierarchical import register_hierarchical
-from tandem.parallel.host_allreduce import HostAllReduce
+from tandem.parallel.host_allreduce import SharedMemoryGroup
 from tandem.parallel.strategy import Build, Pass, Strategy, fresh_copy
 
 log = logging.getLogger("tandem")
@@ -29,7 +29,7 @@ class DDPStrategy(Strategy):
     syncs_each_backward: ClassVar[bool] = True
 
     stats: hooks.CommStats | None = None  # bytes the comm hook sent
-    host: HostAllReduce | None = None  # the shared-memory all-reduce, where it is used
+    host: SharedMemoryGroup | None = None  # the shared-memory all-reduce, where it is used
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         plan, device = self.plan, self.runtime.device
@@ -61,7 +61,7 @@ class DDPStrategy(Strategy):
         else:
             register_hierarchical(ddp, runtime.local_world_size)
 
-    def _host_allreduce(self, ddp: DistributedDataParallel) -> HostAllReduce | None:
+    def _host_allreduce(self, ddp: DistributedDataParallel) -> SharedMemoryGroup | None:
         """The shared-memory all-reduce where plan.host_allreduce allows it and every
         process maps one segment (collective: all ranks decide together)."""
         choice = self.plan.host_allreduce
@@ -72,7 +72,7 @@ class DDPStrategy(Strategy):
             slot = host_allreduce.slot_bytes(
                 [q for q in ddp.module.parameters() if q.requires_grad], ddp.process_group)
             try:
-                return HostAllReduce(ddp.process_group, slot, self.plan.timeout_s)
+                return SharedMemoryGroup(ddp.process_group, slot, self.plan.timeout_s)
             except OSError as err:
                 problem = str(err)
         if choice == "shared_memory":
@@ -81,9 +81,9 @@ class DDPStrategy(Strategy):
         log.info("gradient all-reduce: the process group's (%s)", problem)
         return None
 
-    def gradient_all_reduce(self) -> Callable[[torch.Tensor], object] | None:
-        """The sum all-reduce DDP's gradients go through (the link calibration times it)."""
-        return self.host.all_reduce if self.host is not None else None
+    def shared_memory(self) -> SharedMemoryGroup | None:
+        """The shared-memory group DDP's gradients go through, where they do."""
+        return self.host
 
     @property
     def module(self) -> nn.Module:

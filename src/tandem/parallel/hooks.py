@@ -20,7 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.clocks import mark
-from tandem.parallel.host_allreduce import HostAllReduce
+from tandem.parallel.host_allreduce import SharedMemoryGroup
 from tandem.parallel.topk import TopKState, topk_hook
 
 log = logging.getLogger("tandem")
@@ -154,7 +154,7 @@ def _counted(inner: Hook, stats: CommStats,
     return hook
 
 
-def host_allreduce_hook(state: HostAllReduce,
+def host_allreduce_hook(state: SharedMemoryGroup,
                         bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's mean all-reduce of one bucket through the host's shared memory (in place)."""
     buffer = state.all_reduce(bucket.buffer(), mean=True)
@@ -186,7 +186,7 @@ def _check(name: str, backend: str, powersgd_rank: int, powersgd_warmup: int,
 
 def register(ddp: DistributedDataParallel, name: str, *, backend: str,
              powersgd_rank: int = 2, powersgd_warmup: int = 10,
-             topk_ratio: float = 0.01, host: HostAllReduce | None = None) -> CommStats:
+             topk_ratio: float = 0.01, host: SharedMemoryGroup | None = None) -> CommStats:
     """Register the gradient-communication hook `name` on `ddp`; return its byte counter.
 
     none: DDP's own fp32 all-reduce; fp16 / bf16: all-reduce in half precision;

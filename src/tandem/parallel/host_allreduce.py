@@ -1,4 +1,5 @@
-"""Gradient all-reduce through shared memory, for CPU processes that share one host.
+"""Gradient all-reduce (and all-gather) through shared memory, for CPU processes that
+share one host.
 
 Between processes on one machine, gloo's all-reduce goes through the loopback network:
 each bucket is cut into messages, sent over sockets and woken up on by a thread. Here
@@ -63,12 +64,13 @@ def unsupported(device: torch.device) -> str | None:
     return None
 
 
-class HostAllReduce:
-    """Sum (or mean) all-reduce of CPU tensors over a group whose processes share a host.
+class SharedMemoryGroup:
+    """All-reduce (sum or mean) and all-gather of CPU tensors over a process group whose
+    processes share a host.
 
-    Collective: every process of `group` constructs it together, then calls `all_reduce`
-    on tensors of the same size and dtype in the same order. Tensors larger than a slot
-    (`slot_bytes`) go through in slot-sized pieces.
+    Collective: every process of `group` constructs it together, then calls the same
+    collectives on tensors of the same size and dtype in the same order. Tensors larger
+    than a slot (`slot_bytes`) go through in slot-sized pieces.
     """
 
     def __init__(self, group: dist.ProcessGroup | None, slot_bytes: int,
@@ -106,13 +108,31 @@ class HostAllReduce:
         """Replace `tensor` (contiguous, on the CPU) by its sum over the group, or its mean;
         returns it. Every process gets the same bits."""
         if not tensor.is_contiguous() or tensor.device.type != "cpu":
-            raise ValueError("HostAllReduce: the tensor must be contiguous and on the CPU; "
+            raise ValueError("SharedMemoryGroup: the tensor must be contiguous and on the CPU; "
                              f"got device {tensor.device}, contiguous {tensor.is_contiguous()}")
         flat = tensor.view(-1)
         per = max(1, self.slot_bytes // tensor.element_size())
         for start in range(0, flat.numel(), per):
             self._round(flat[start:start + per], mean)
         return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every process's `tensor` (the same shape and dtype on all; CPU), in rank order,
+        as new tensors."""
+        flat = tensor.reshape(-1)
+        out = [torch.empty_like(flat) for _ in range(self.world)]
+        per = max(1, self.slot_bytes // tensor.element_size())
+        for start in range(0, flat.numel(), per):
+            piece = flat[start:start + per]
+            n = piece.numel()
+            self.round += 1
+            parity = self.round & 1
+            self._slot(parity, self.rank, piece.dtype, n).copy_(piece)
+            struct.pack_into("q", self._mm, LINE * self.rank, self.round)
+            self._wait(self.round)
+            for r in range(self.world):
+                out[r][start:start + n].copy_(self._slot(parity, r, piece.dtype, n))
+        return [o.view_as(tensor) for o in out]
 
     def _round(self, piece: torch.Tensor, mean: bool) -> None:
         self.round += 1

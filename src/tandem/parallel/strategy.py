@@ -22,6 +22,7 @@ from tandem.config import PlanConfig
 from tandem.parallel import deferred
 from tandem.parallel.checks import check_model
 from tandem.parallel.compiled import maybe_compile
+from tandem.parallel.host_allreduce import SharedMemoryGroup
 from tandem.parallel.mesh import Layout
 from tandem.parallel.recompute import checkpoint_blocks
 from tandem.runtime import Runtime
@@ -119,9 +120,10 @@ class Strategy:
     def after_step(self, step: int, last: bool) -> None:
         """After the optimizer step `step` (steps done so far); `last`: the run's last."""
 
-    def gradient_all_reduce(self) -> Callable[[torch.Tensor], object] | None:
-        """The sum all-reduce the gradients go through when it is not the process group's
-        (None: `dist.all_reduce`); the link calibration times the same path."""
+    def shared_memory(self) -> SharedMemoryGroup | None:
+        """The shared-memory group the gradients go through instead of the process group
+        (None: the process group's collectives); the link calibration times the same path,
+        and an optimizer that shares work over the replicas (Muon) gathers through it."""
         return None
 
     def take_comm_mark(self) -> Mark | None:

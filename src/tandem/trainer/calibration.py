@@ -84,7 +84,8 @@ class Calibration:
         self.grad_bytes = sum(q.numel() * q.element_size() for q in parts.params)
         self.seconds = 0.0  # what every measurement so far added to the run's wall time
         # The link measured is the one the gradients take.
-        self.all_reduce = parts.strategy.gradient_all_reduce() or dist.all_reduce
+        host = parts.strategy.shared_memory()
+        self.all_reduce = host.all_reduce if host is not None else dist.all_reduce
 
     def run(self, batch: object, accum: int, reporter: Reporter) -> None:
         """Measure FLOPs, peak and the link on `batch` (the last micro-batch). All ranks.

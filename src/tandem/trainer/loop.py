@@ -63,7 +63,7 @@ class Trainer:
             self.params = [p for p in self.model.parameters() if p.requires_grad]
             share = getattr(self.optimizer, "share_work", None)  # e.g. Muon
             if share is not None and self.strategy.identical_replicas and self.layout.dp_size > 1:
-                share(self.layout.dp_group)
+                share(self.layout.dp_group, self.strategy.shared_memory())
             self.lr = LrController(self.optimizer, config.optim, config.train.steps,
                                    config.train.global_batch,
                                    self.batch_at if self.ramp else None)
