@@ -84,7 +84,8 @@ class SharedMemoryGroup:
         self.slot_bytes = int(agreed.item())
         self.timeout_s = timeout_s
         self.round = 0
-        self._spin_s = SPIN_S if self.world <= (os.cpu_count() or 1) else 0.0
+        # Poll only where every process can have a core of its own.
+        self._spin_s = SPIN_S if self.world <= len(os.sched_getaffinity(0)) else 0.0
         header = LINE * self.world
         size = header + 2 * self.world * self.slot_bytes
         self._mm = _shared_segment(group, self.rank, size)
@@ -135,6 +136,8 @@ class SharedMemoryGroup:
         return [o.view_as(tensor) for o in out]
 
     def _round(self, piece: torch.Tensor, mean: bool) -> None:
+        if self.world == 1:
+            return  # its own sum, and mean
         self.round += 1
         parity, n, dtype = self.round & 1, piece.numel(), piece.dtype
         mine = self._slot(parity, self.rank, dtype, n)
