@@ -88,6 +88,7 @@ TRICKS: dict[str, dict[str, list[str]]] = {
         "ema": ["--train.ema_decay", "0"],
         "in_memory": ["--data.in_memory", "false"],
         "short_schedule": ["--train.steps", "1000", "--optim.warmup_steps", "50"],
+        "shared_memory": ["--plan.host_allreduce", "backend"],
     },
     "char_lm": {
         "muon": ["--optimizer", "adamw"],
@@ -96,8 +97,13 @@ TRICKS: dict[str, dict[str, list[str]]] = {
         "short_schedule": ["--train.steps", "300", "--optim.warmup_steps", "30"],
         "late_evals": ["--train.eval_from", "0"],
         "in_memory": ["--data.in_memory", "false"],
+        "shared_memory": ["--plan.host_allreduce", "backend"],
     },
 }
+# Options added after some records were set, and the value those records ran with:
+# re-running an older record must not hand it what came later (a record saved since
+# lists them in its `options_known`).
+BEFORE_OPTION = {"--plan.host_allreduce": "backend"}
 
 
 def loadavg() -> float:
@@ -258,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = previous_record(ns.task)
     contenders: dict[str, list[str]] = {"record": shlex.split(ns.flags)}
     if previous is not None and not ns.no_previous:
-        contenders["previous"] = list(previous["flags"])
+        flags = list(previous["flags"])
+        for option, then in BEFORE_OPTION.items():
+            if option not in flags and option not in previous.get("options_known", ()):
+                flags += [option, then]
+        contenders["previous"] = flags
     elif not ns.no_previous:  # the first record: against the recipe with every trick off
         contenders["previous"] = [*contenders["record"],
                                   *(f for off in TRICKS[ns.task].values() for f in off)]
@@ -326,7 +336,8 @@ def save(ns: argparse.Namespace, contenders: dict[str, list[str]],
                             text=True, cwd=ROOT).stdout.strip()
     entry = {
         "name": ns.save, "date": datetime.date.today().isoformat(), "commit": commit,
-        "flags": contenders["record"], "figures": figs["record"], "runs": rows["record"],
+        "flags": contenders["record"], "options_known": sorted(BEFORE_OPTION),
+        "figures": figs["record"], "runs": rows["record"],
         "versus": previous["name"] if previous else "every trick off", "test": result,
         "ablations": {name: {"flags": contenders[name], "figures": figs[name],
                              "runs": rows[name]}
