@@ -41,7 +41,7 @@ def test_kill_during_a_background_save_keeps_the_previous_checkpoint(tmp_path: P
     killed = jobs.run(tmp_path, jobs.command("async", 2, 1), kill)
     assert killed.returncode == 0, killed.stderr
     kinds = [(e["kind"], e["step"]) for e in jobs.events(tmp_path, "async")]
-    assert ("resume", 5) in kinds, kinds
+    assert ("resume", 5) in kinds, (kinds, killed.stderr[-6000:])
     checkpoints = tmp_path / "runs" / "async" / "checkpoints"
     assert not [p for p in checkpoints.iterdir() if p.name.startswith(".tmp-")]
     clean = jobs.run(tmp_path, jobs.command("clean"))

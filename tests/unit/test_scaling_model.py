@@ -23,6 +23,7 @@ from tandem.analyze.scaling_comm import (
 from tandem.analyze.scaling_inputs import figures_from_run, run_figures, steady_steps
 from tandem.analyze.scaling_model import (
     COLD_START_S,
+    SHM_COLD_START_S,
     WAKE_CREDIT_S,
     RunFigures,
     background_threads,
@@ -416,6 +417,10 @@ def test_shared_memory_priors_replace_gloos_at_two_processes() -> None:
     assert shm.wire_s == pytest.approx(2 * hop + (1.0 * GRAD / rate + GRAD / local))
     assert gloo.wire_s == pytest.approx(FIXED + 2 * A + (1.0 * GRAD / BETA + GRAD / GAMMA))
     assert shm.samples_per_s > gloo.samples_per_s
+    # Four ranks on two cores: each rank's cold start is the shared-memory path's.
+    gloo4, shm4 = (predict(one_process(shared_memory=flag), [4])[4] for flag in (False, True))
+    assert gloo4.compute_s == pytest.approx((0.100 / 4 + COLD_START_S) / 0.5)
+    assert shm4.compute_s == pytest.approx((0.100 / 4 + SHM_COLD_START_S) / 0.5)
 
 
 @pytest.mark.parametrize(("plan", "settings", "expected"), [

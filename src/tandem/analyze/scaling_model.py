@@ -80,6 +80,11 @@ SATURATED = 0.95  # host CPU utilisation above which every core is taken
 # 32 samples per rank beside other jobs, cost 7 ms + 0.29 ms per sample; on an idle core
 # the per-sample cost alone.
 COLD_START_S = 6e-3
+# The same with DDP's all-reduce through shared memory (no gloo threads on the cores):
+# 4-process MNIST-1D runs on 2 cores used 2.9-3.5 core-ms a rank per step beyond the
+# one-process work of their 32 samples and optimizer step (process CPU time, three runs,
+# docs/benchmarks.md: the scaling model).
+SHM_COLD_START_S = 3.3e-3
 # Core-seconds a rank runs ahead of foreign threads when it wakes from the step's
 # collective, before it is back to its fair share (the scheduler favours a task that
 # slept): on the same machine a 2-rank DDP step's optimizer, right after the all-reduce,
@@ -268,7 +273,8 @@ def _cold(fig: RunFigures, n: int, background: float) -> float:
     """A step's cold start in core-seconds at n ranks (0 while every rank has a core)."""
     if fig.device != "cpu":
         return 0.0
-    return COLD_START_S * saturation(n, fig.cores, background)
+    cold = SHM_COLD_START_S if fig.shared_memory else COLD_START_S
+    return cold * saturation(n, fig.cores, background)
 
 
 def _buffer(fig: RunFigures) -> tuple[float, float]:
