@@ -3,6 +3,7 @@ DDP's training unchanged, and a dead or late peer named instead of a hang."""
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
@@ -22,6 +23,15 @@ from tests.dist.procs import run_ranks
 
 pytestmark = pytest.mark.skipif(unsupported(torch.device("cpu")) is not None,
                                 reason=f"{unsupported(torch.device('cpu'))}")
+
+
+def _stop() -> None:
+    """As tandem's own `runtime.stop`: destroying a gloo group while its worker thread still
+    finishes the last collective can deadlock on the GIL (torch 2.13), and objects that
+    hold the group must go first."""
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def _local(rank: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -61,7 +71,7 @@ def _sums(rank: int, world: int, out: str) -> None:
         Path(out, f"{rank}.json").write_text(json.dumps(report))
         host.close()
     finally:
-        dist.destroy_process_group()
+        _stop()
 
 
 @pytest.mark.timeout(90)
@@ -121,8 +131,9 @@ def _train(rank: int, world: int, out: str) -> None:
             "worst": worst, "replicas_equal": all(torch.equal(g, flat) for g in gathered),
             "buckets": stats.buckets, "bytes": stats.bytes_per_step(),
             "rounds": host.round}))
+        del ddp, stats, opt_a  # DDP holds the hook's state: freed while the group lives
     finally:
-        dist.destroy_process_group()
+        _stop()
 
 
 @pytest.mark.timeout(90)

@@ -134,6 +134,7 @@ def _muon_shared(rank: int, world: int, out: str) -> None:
         if rank == 0:
             torch.save({"alone": results[0], "shared": results[1:], "decided": decided},
                        Path(out, "muon.pt"))
+        dist.barrier()  # no gloo collective in flight when the group goes (torch 2.13)
     finally:
         dist.destroy_process_group()
 
