@@ -36,6 +36,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from tandem.pids import alive
+
 SHM_DIR = "/dev/shm"
 LINE = 64  # bytes: one cache line per process's counter and pid, and slot alignment
 SPIN_S = 2e-3  # wait by polling this long, then by short sleeps (the core is given up)
@@ -172,7 +174,7 @@ class SharedMemoryGroup:
 
     def _check_peers(self, round_: int, waited_s: float) -> None:
         missing = self._missing(round_)
-        dead = [r for r in missing if not _alive(self._pids[r])]
+        dead = [r for r in missing if not alive(self._pids[r])]
         if dead:
             raise dist.DistBackendError(
                 f"gradient all-reduce (shared memory, round {round_}): rank(s) {dead} "
@@ -182,24 +184,6 @@ class SharedMemoryGroup:
             raise dist.DistBackendError(
                 f"gradient all-reduce (shared memory, round {round_}): rank(s) {missing} "
                 f"did not arrive within plan.timeout_s = {self.timeout_s:g} s")
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` still runs (a zombie, exited but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _shared_segment(group: dist.ProcessGroup | None, rank: int, size: int) -> mmap.mmap:

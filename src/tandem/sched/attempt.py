@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tandem.pids import alive
+
 SPEC_FILE = "spec.json"
 SHIM_FILE = "shim.json"
 EXIT_FILE = "exit.json"
@@ -102,7 +104,7 @@ def run(attempt_dir: Path) -> int:
             break
         except subprocess.TimeoutExpired:
             _beat(attempt_dir)
-            if guardian and not relayed and not _alive(guardian):
+            if guardian and not relayed and not alive(guardian):
                 print(f"tandem: the attempt's guardian (pid {guardian}) is gone: stopping "
                       "the job with a checkpoint", file=sys.stderr)
                 relay(signal.SIGTERM, None)
@@ -116,16 +118,6 @@ def _beat(attempt_dir: Path) -> None:
         os.utime(attempt_dir / SHIM_FILE)
     except OSError:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _finish(attempt_dir: Path, status: int, relayed: list[int]) -> int:
