@@ -5,7 +5,7 @@ backward waits after a rank's last gradient is ready, `PHASES`' comm_tail), and 
 monitor splits it into wire time and the wait for slower ranks. What is measured here
 is what that split needs: the all-reduce's latency and bandwidth on this group (the
 cost of a buffer of n bytes: latency + n / bandwidth), from paired timings at two sizes
-with the ranks aligned by a barrier before each pair, so a late rank is not counted as wire.
+with the ranks aligned before each pair, so a late rank is not counted as wire.
 """
 
 from __future__ import annotations
@@ -46,11 +46,12 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS,
     the bandwidth over the pairs. All ranks. `all_reduce`: the path the gradients take
     (the process group's, or the host's shared memory).
 
-    A barrier aligns the ranks before each pair, so a late rank is not counted as wire,
-    and an untimed small all-reduce after it takes up how far apart the ranks left the
-    barrier (on a fast path, such as the host's shared memory, that skew is more than the
-    big buffer's own cost); each timed all-reduce then aligns the ranks for the next (they
-    leave a collective within one message of each other).
+    Before each pair the ranks are aligned, so a late rank is not counted as wire: on the
+    process group by its barrier (the small all-reduce then aligns them for the big one:
+    the ranks leave a collective within one message of each other); on another path by
+    an untimed small all-reduce of its own (it ends only when every rank has entered it,
+    as a barrier does; a barrier of the process group would leave its own skew, more
+    than the big buffer's cost on a path as fast as the host's shared memory).
     """
     big_n = max(nbytes, 16 * SMALL_BYTES) // 4
     small = torch.zeros(SMALL_BYTES // 4, dtype=torch.float32, device=device)
@@ -59,8 +60,10 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS,
     all_reduce(big)  # warm the path and its buffers once, unmeasured
     t_small, t_big = [], []
     for _ in range(repeats):
-        dist.barrier()  # every rank starts together: the time is the link's, not a wait
-        all_reduce(small)  # and leaves the barrier's skew behind, untimed
+        if all_reduce is dist.all_reduce:  # every rank starts together: the link's time
+            dist.barrier()
+        else:
+            all_reduce(small)  # untimed, on the same path
         t_small.append(_timed(small, device, all_reduce))
         t_big.append(_timed(big, device, all_reduce))
     span = (big.numel() - small.numel()) * 4
@@ -89,8 +92,8 @@ def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
         # Every rank counts, or none: the counting pass can hold collectives (FSDP's
         # gathers, tensor parallelism), and ranks on other nodes keep other caches.
         every = torch.tensor([0 if flops is None else 1], device=device)
-        dist.all_reduce(every, op=dist.ReduceOp.MIN)
-        if not every.item():
+        all_reduce(every)  # a sum, on the gradients' path (the cheaper one where it is)
+        if every.item() < dist.get_world_size():
             flops = None
     if flops is None:
         flops = count_flops(lambda: run(False))
