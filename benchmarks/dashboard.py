@@ -337,7 +337,7 @@ def overhead(args: argparse.Namespace) -> None:
                         if args.view == "curves":  # as a user watching the run sees it
                             page.evaluate("tandem.charts.loss.box.scrollIntoView()")
                     browser_proc = [p for p in psutil.Process().children(recursive=True)
-                                    if "chrom" in p.name().lower()]
+                                    if "chrom" in _name(p)]
                     time.sleep(args.settle)  # the switch itself is in neither block
                     cpu0, page0 = server.cpu_times(), _cpu(browser_proc)
                     start = time.time()
@@ -387,6 +387,17 @@ def overhead(args: argparse.Namespace) -> None:
           f"{statistics.median(idle_cpu) * 100:.2f}%; Chromium (the page, on this machine) "
           f"median {statistics.median(page_cpu) * 100:.1f}% of one core")
     print(f"  {load_average()}")
+
+
+def _name(process: Any) -> str:
+    """A process's name in lower case ("" once it has exited: Chromium's helpers come and
+    go while the page is open)."""
+    import psutil
+
+    try:
+        return process.name().lower()
+    except psutil.Error:
+        return ""
 
 
 def _cpu(processes: list[Any]) -> float:

@@ -11,7 +11,8 @@ numbers, so the replicas stay identical bit for bit.
 Rounds alternate between two sets of slots: a process that starts round g + 2 has seen
 every peer finish round g + 1, so no peer still reads the slots of round g it overwrites.
 The counters are single-writer, and the writer's stores (the slot, then the counter) are
-seen in that order on x86-64 (total store order); other architectures keep the backend's
+seen in that order on x86-64 (total store order, with a locked instruction between them
+for copies that use non-temporal stores); other architectures keep the backend's
 all-reduce. A peer that dies is seen by its process id while the others wait, and a
 wait longer than the collective timeout raises, naming who did not arrive (both as
 `DistBackendError`, what a failed collective of the process group raises).
@@ -31,6 +32,7 @@ import platform
 import secrets
 import shutil
 import struct
+import threading
 import time
 
 import torch
@@ -86,6 +88,7 @@ class SharedMemoryGroup:
         self.slot_bytes = int(agreed.item())
         self.timeout_s = timeout_s
         self.round = 0
+        self._fence = threading.Lock()
         # Poll only where every process can have a core of its own.
         self._spin_s = SPIN_S if self.world <= len(os.sched_getaffinity(0)) else 0.0
         header = LINE * self.world
@@ -131,7 +134,7 @@ class SharedMemoryGroup:
             self.round += 1
             parity = self.round & 1
             self._slot(parity, self.rank, piece.dtype, n).copy_(piece)
-            struct.pack_into("q", self._mm, LINE * self.rank, self.round)
+            self._publish()
             self._wait(self.round)
             for r in range(self.world):
                 out[r][start:start + n].copy_(self._slot(parity, r, piece.dtype, n))
@@ -147,11 +150,20 @@ class SharedMemoryGroup:
             torch.div(piece, self.world, out=mine)
         else:
             mine.copy_(piece)
-        struct.pack_into("q", self._mm, LINE * self.rank, self.round)
+        self._publish()
         self._wait(self.round)
         torch.add(self._slot(parity, 0, dtype, n), self._slot(parity, 1, dtype, n), out=piece)
         for r in range(2, self.world):
             piece.add_(self._slot(parity, r, dtype, n))
+
+    def _publish(self) -> None:
+        """Raise this process's counter to the current round, after its slot's data. A
+        copy may use non-temporal stores (large memcpy), which total store order does not
+        keep in order: taking and giving back a lock is a locked instruction, after which
+        they are visible before the counter's store."""
+        self._fence.acquire()
+        self._fence.release()
+        struct.pack_into("q", self._mm, LINE * self.rank, self.round)
 
     def _missing(self, round_: int) -> list[int]:
         return [r for r in range(self.world)
