@@ -30,7 +30,10 @@ out = {"public": [type(getattr(tandem, n)).__name__ for n in tandem.__all__],
        "argv": sys.argv, "orig_argv": sys.orig_argv[1:], "name": __name__,
        "file": __file__, "cwd": os.getcwd(), "path": sys.path, "env": env,
        "threads": torch.get_num_threads(), "ppid": os.getppid(), "sid": os.getsid(0)}
-print(json.dumps(out), flush=True)
+# One write, newline included (print writes it apart): the two workers share the pipe,
+# and a single write below PIPE_BUF is not interleaved with another process's.
+sys.stdout.write(json.dumps(out) + "\\n")
+sys.stdout.flush()
 if sys.argv[1:2] == ["hang"]:
     time.sleep(600)
 '''
