@@ -179,6 +179,12 @@ class PrecisionConfig:
     )
     init_scale: float = _doc(65536.0, "fp16: initial loss scale")
     growth_interval: int = _doc(2000, "fp16: steps without overflow before the scale grows")
+    attention: Literal["auto", "fp32", "autocast"] = _doc(
+        "auto", "attention (F.scaled_dot_product_attention) under bf16/fp16 autocast: fp32 "
+        "computes it in fp32 and returns the autocast dtype; autocast leaves it to autocast "
+        "(the half dtype); auto: fp32 on CPU, whose half-precision attention kernels are "
+        "slower than fp32's, autocast on GPUs"
+    )
 
 
 @dataclass(kw_only=True)

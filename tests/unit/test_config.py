@@ -23,6 +23,7 @@ def test_defaults_validate_and_round_trip_through_toml(tmp_path: Path) -> None:
     ("data.pin_memory", "maybe", "not a boolean"),
     ("train.target", "accuracy>0.9", "train.target"),
     ("optim.lr_scaling", "linear", "optim.reference_batch"),
+    ("precision.attention", "bf16", "choose one of ['auto', 'fp32', 'autocast']"),
 ])
 def test_bad_values_name_the_field_and_what_is_allowed(key: str, value: str, needle: str) -> None:
     with pytest.raises(ValueError, match=None) as err:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tandem.config import PrecisionConfig
+from tandem.trainer.attention import FullPrecisionAttention, resolve
 
 
 class Precision:
@@ -17,7 +18,8 @@ class Precision:
 
     fp32: nothing changes. bf16: autocast, no scaling (bf16 has fp32's range).
     fp16: autocast plus torch's GradScaler, which skips steps whose gradients
-    overflow and adapts the scale.
+    overflow and adapts the scale. Under either autocast, attention computes in fp32 where
+    `precision.attention` resolves to fp32 (`tandem.trainer.attention`).
     """
 
     def __init__(self, cfg: PrecisionConfig, device: torch.device) -> None:
@@ -25,6 +27,7 @@ class Precision:
         self.device = device
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.mode)
         self.dtype = dtype
+        self.attention = resolve(cfg.attention, device) if dtype is not None else "fp32"
         self.scaler = torch.amp.GradScaler(
             device.type,
             init_scale=cfg.init_scale,
@@ -38,7 +41,10 @@ class Precision:
         if self.dtype is None:
             yield
             return
-        with torch.autocast(device_type=self.device.type, dtype=self.dtype):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
+            if self.attention == "fp32":
+                stack.enter_context(FullPrecisionAttention(self.device.type))
             yield
 
     def backward(self, loss: torch.Tensor) -> None:
