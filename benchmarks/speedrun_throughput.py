@@ -3,6 +3,7 @@
     python benchmarks/speedrun_throughput.py --task mnist1d --repeats 5
     python benchmarks/speedrun_throughput.py --task mnist1d_muon --repeats 5 --steps 1000
     python benchmarks/speedrun_throughput.py --task char_lm --repeats 3 --steps 150
+    python benchmarks/speedrun_throughput.py --task char_lm_muon --repeats 5 --steps 150
 
 Contenders (2 CPU processes each, `python -m torch.distributed.run --standalone`, the
 recipe of `benchmarks/peers/recipe.py`, interleaved, the order rotating each repeat,
@@ -89,7 +90,7 @@ def throughput(name: str, run: dict[str, Any], task: str, steps: int | None) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=("mnist1d", "mnist1d_muon", "char_lm"), required=True)
+    parser.add_argument("--task", choices=("mnist1d", "mnist1d_muon", "char_lm", "char_lm_muon"), required=True)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=900.0)

@@ -48,7 +48,7 @@ def main() -> None:
     accelerator = Accelerator(cpu=True,
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     world = accelerator.num_processes
-    r = rc.without_average(rc.recipe(args.task, args.steps), "accelerate_loop.py")
+    r = rc.plain(rc.recipe(args.task, args.steps), "accelerate_loop.py")
     log = rc.FetchLog()
     train_set = rc.Clocked(r.train_set(), log, "train")
     eval_set = rc.Clocked(r.eval_set(), log, "eval")

@@ -8,7 +8,8 @@ lr multiplier set on every param group before each step, evaluation on a
 DistributedSampler(shuffle=False) shard with the sums all-reduced once. A recipe that
 averages its weights (EMA) keeps the average after every step, with tandem's warm-up of the
 decay, and evaluates it. The optimizer is the recipe's own, stepped as it is on every rank
-(Muon orthogonalises every matrix on every rank).
+(Muon orthogonalises every matrix on every rank). A bf16 recipe runs its forward passes
+under `torch.autocast("cpu", dtype=torch.bfloat16)`, as torch's documentation shows.
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ import recipe as rc  # noqa: E402
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: DataLoader) -> dict[str, float]:
+def evaluate(model: torch.nn.Module, loader: DataLoader, r: rc.Recipe) -> dict[str, float]:
     """Mean per-sample loss (and accuracy) over the whole eval set. All ranks."""
     model.eval()
     totals, names = None, None
     for batch in loader:
-        values = rc.per_sample(model(batch[0]), batch)
+        with r.autocast():
+            logits = model(batch[0])
+        values = rc.per_sample(logits, batch)
         names = sorted(values)
         part = rc.sums(values)
         totals = part if totals is None else totals + part
@@ -97,7 +100,9 @@ def main() -> None:
             factor = r.lr_multiplier(step)
             for group, base in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = base * factor
-            loss = rc.loss(model(batch[0]), batch)
+            with r.autocast():
+                logits = model(batch[0])
+            loss = rc.loss(logits, batch)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if r.grad_clip:
@@ -108,7 +113,7 @@ def main() -> None:
             step += 1
             if r.evaluates_at(step):
                 with swapped(params, average):
-                    evals.append({"step": step, **evaluate(model.module, eval_loader)})
+                    evals.append({"step": step, **evaluate(model.module, eval_loader, r)})
             if step == r.steps:
                 break
     rc.write_result(args.out, rank, log, evals, steps=step, epochs=epoch)

@@ -78,7 +78,7 @@ class PeerModule(L.LightningModule):
 def main() -> None:
     args = rc.parse_args()
     rc.limit_threads()
-    r = rc.without_average(rc.recipe(args.task, args.steps), "lightning_fit.py")
+    r = rc.plain(rc.recipe(args.task, args.steps), "lightning_fit.py")
     L.seed_everything(args.seed, verbose=False)
     log = rc.FetchLog()
     module = PeerModule(r, log)

@@ -3,7 +3,7 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 \\
         benchmarks/peers/tandem_fit.py --task mnist1d --out /tmp/peers/tandem
 
-tandem's default plan (DDP for 2 processes, fp32, no data workers) and its default
+tandem's default plan (DDP for 2 processes, the recipe's precision, no data workers) and its default
 telemetry (phase timing, calibration at step 10, liveness records, the SQLite run store,
 a checkpoint at the end); only the recipe's settings are given, plus a fresh run
 directory and no progress output. tandem shuffles with its own global sampler (one
@@ -60,6 +60,7 @@ def settings(r: rc.Recipe, seed: int, run_dir: Path) -> dict[str, Any]:
         "optim.warmup_steps": r.warmup,
         "optim.min_lr_ratio": r.min_lr_ratio,
         "train.ema_decay": r.ema_decay,
+        "precision.mode": r.precision,
         "run.seed": seed,
         "run.dir": str(run_dir),
         "run.name": "peer",

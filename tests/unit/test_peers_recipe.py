@@ -119,7 +119,24 @@ def test_muon_recipe_is_the_examples_default() -> None:
     assert r.schedule == example["optim.schedule"]
     assert r.optimizer is mnist1d_cnn.task.optimizer
     with pytest.raises(SystemExit, match="does not implement"):
-        rc.without_average(r, "accelerate_loop.py")
+        rc.plain(r, "accelerate_loop.py")
+
+
+def test_char_lm_muon_recipe_is_the_examples_default() -> None:
+    lm = rc.char_lm_module()
+    r = rc.recipe("char_lm_muon")
+    example = lm.RECIPE
+    assert (r.steps, r.global_batch, r.warmup, r.min_lr_ratio, r.grad_clip, r.precision) == (
+        example["train.steps"], example["train.global_batch"], example["optim.warmup_steps"],
+        example["optim.min_lr_ratio"], example["train.grad_clip"], example["precision.mode"])
+    assert r.schedule == example["optim.schedule"]
+    assert r.optimizer is lm.muon is lm.OPTIMIZERS["muon"]
+    with r.autocast():
+        assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.bfloat16
+    with rc.recipe("char_lm").autocast():
+        assert torch.nn.Linear(2, 2)(torch.ones(1, 2)).dtype == torch.float32
+    with pytest.raises(SystemExit, match="trains in bf16 autocast"):
+        rc.plain(r, "lightning_fit.py")
 
 
 def test_hand_written_average_is_tandems() -> None:
