@@ -90,7 +90,8 @@ def throughput(name: str, run: dict[str, Any], task: str, steps: int | None) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", choices=("mnist1d", "mnist1d_muon", "char_lm", "char_lm_muon"), required=True)
+    parser.add_argument("--task", required=True,
+                        choices=("mnist1d", "mnist1d_muon", "char_lm", "char_lm_muon"))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=900.0)
