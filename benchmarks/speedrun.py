@@ -98,12 +98,13 @@ TRICKS: dict[str, dict[str, list[str]]] = {
         "late_evals": ["--train.eval_from", "0"],
         "in_memory": ["--data.in_memory", "false"],
         "shared_memory": ["--plan.host_allreduce", "backend"],
+        "fp32_attention": ["--precision.attention", "autocast"],
     },
 }
 # Options added after some records were set, and the value those records ran with:
 # re-running an older record must not hand it what came later (a record saved since
 # lists them in its `options_known`).
-BEFORE_OPTION = {"--plan.host_allreduce": "backend"}
+BEFORE_OPTION = {"--plan.host_allreduce": "backend", "--precision.attention": "autocast"}
 
 
 def loadavg() -> float:
