@@ -3,6 +3,7 @@
     python benchmarks/dashboard.py latency    [--seconds 30]
     python benchmarks/dashboard.py firstpaint [--store /tmp/tandem-dash-big.db] [--repeats 5]
     python benchmarks/dashboard.py overhead   [--pairs 15] [--block 15] [--nproc 2] [--view curves]
+                                              [--client chromium|remote] [--server-nice 19]
 
 latency: 4 writer processes log 10 windows/s each through the trainer's StoreWriter; a
 Chromium page shows one of the runs. Each commit's time is taken in the writer process
@@ -19,13 +20,17 @@ cores busy, the worst case for a neighbour) with a Chromium page open on it and 
 alternating blocks, the order of each pair alternating; the open page is scrolled to its
 curves (`--view top`: left at its header, where no chart is drawn); throughput of a block is samples
 over the wall time between its first and last committed window; the server's CPU is its
-process CPU time over the block.
+process CPU time over the block. `--client remote` stands in for a page on another machine
+(the usual way to watch a training host): the same requests as the page (its data, its
+event stream read as it comes, its diagnosis every 30 s while rows arrive) from this
+process, nothing drawn here. `--server-nice` is the server's nice value (19, its default).
 Needs the dev extra (playwright) and Debian's chromium.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -42,6 +47,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from dashboard_viewer import RemoteViewer  # noqa: E402
 
 from tandem.monitor.store import RunStore  # noqa: E402
 
@@ -67,11 +74,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(store: Path) -> tuple[subprocess.Popen, str]:
+def start_server(store: Path, nice: int = 19) -> tuple[subprocess.Popen, str]:
     """`tandem dashboard` on `store` as its own process; (process, base URL)."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "dashboard", "--store",
-                             str(store), "--port", str(port)], env=_env(),
+                             str(store), "--port", str(port), "--nice", str(nice)], env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
     if "http://" not in line:
@@ -318,26 +325,34 @@ def overhead(args: argparse.Namespace) -> None:
     store = run_dir / "tandem.db"
     with RunStore(store):
         pass
-    proc, base = start_server(store)
+    proc, base = start_server(store, args.server_nice)
     server = psutil.Process(proc.pid)
     train = _train(run_dir, "overhead", 10_000_000, args.nproc)
     blocks: list[tuple[str, float, float, float, float]] = []  # mode, start, end, cpu, page
+    received = 0  # messages the remote stand-in read
     try:
         run_id = _live_run(base, "overhead", train)
         time.sleep(args.warmup)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        with contextlib.ExitStack() as stack:
+            if args.client == "chromium":
+                pw = stack.enter_context(sync_playwright())
+                browser = pw.chromium.launch(executable_path="/usr/bin/chromium",
+                                             args=CHROMIUM_ARGS)
+                stack.callback(browser.close)
             for i in range(args.pairs):
                 for mode in (("closed", "open") if i % 2 == 0 else ("open", "closed")):
-                    page = None
-                    if mode == "open":
+                    page: Any = None
+                    if mode == "open" and args.client == "remote":
+                        page = RemoteViewer(base, run_id)
+                    elif mode == "open":
                         page = browser.new_page()
                         page.goto(f"{base}/run/{run_id}")
                         page.wait_for_selector("body[data-ready='1']")
                         if args.view == "curves":  # as a user watching the run sees it
                             page.evaluate("tandem.charts.loss.box.scrollIntoView()")
                     browser_proc = [p for p in psutil.Process().children(recursive=True)
-                                    if "chrom" in _name(p)]
+                                    if "chrom" in _name(p)] if args.client == "chromium" \
+                        else [psutil.Process()]  # the stand-in's requests: this process
                     time.sleep(args.settle)  # the switch itself is in neither block
                     cpu0, page0 = server.cpu_times(), _cpu(browser_proc)
                     start = time.time()
@@ -348,11 +363,11 @@ def overhead(args: argparse.Namespace) -> None:
                     blocks.append((mode, start, end, used / (end - start),
                                    (page1 - page0) / (end - start)))
                     if page is not None:
+                        received += getattr(page, "messages", 0)
                         page.close()
                     if train.poll() is not None:
                         raise RuntimeError(f"training ended: see {run_dir}/overhead.log")
                 print(f"  pair {i + 1}/{args.pairs} done", flush=True)
-            browser.close()
     finally:
         if train.poll() is None:
             os.killpg(train.pid, 15)
@@ -374,8 +389,10 @@ def overhead(args: argparse.Namespace) -> None:
     cpu = [c for m, _, c, _ in rates if m == "open"]
     idle_cpu = [c for m, _, c, _ in rates if m == "closed"]
     page_cpu = [pc for m, _, _, pc in rates if m == "open"]
+    where = "another machine's page (stand-in)" if args.client == "remote" else \
+        f"a Chromium page here, at its {args.view}"
     print(f"overhead: mnist1d_cnn, {args.nproc} process(es), log_every 10, one run, "
-          f"the page at its {args.view}, "
+          f"{where}, server nice {args.server_nice}, "
           f"{n} pairs of {args.block:.0f}-s blocks (page open / closed, order alternating)")
     print(f"  samples/s closed median {statistics.median(closed):.0f}, open "
           f"{statistics.median(opened):.0f}; open/closed {math.exp(mean):.4f} "
@@ -384,8 +401,11 @@ def overhead(args: argparse.Namespace) -> None:
           f"{(math.exp(mean + half) - 1) * 100:+.2f}%]")
     print(f"  server CPU, page open: median {statistics.median(cpu) * 100:.2f}% of one core "
           f"(max {max(cpu) * 100:.2f}%); page closed: median "
-          f"{statistics.median(idle_cpu) * 100:.2f}%; Chromium (the page, on this machine) "
-          f"median {statistics.median(page_cpu) * 100:.1f}% of one core")
+          f"{statistics.median(idle_cpu) * 100:.2f}%; "
+          + ("the stand-in's requests" if args.client == "remote" else
+             "Chromium (the page, on this machine)")
+          + f" median {statistics.median(page_cpu) * 100:.1f}% of one core"
+          + (f" ({received} stream messages read)" if args.client == "remote" else ""))
     print(f"  {load_average()}")
 
 
@@ -432,6 +452,11 @@ def main() -> None:
     ov.add_argument("--view", choices=("curves", "top"), default="curves",
                     help="where the open page is scrolled: its curves (drawn live) or its "
                          "top (header and diagnosis; the charts below are not drawn)")
+    ov.add_argument("--client", choices=("chromium", "remote"), default="chromium",
+                    help="chromium: a page in Chromium on this machine; remote: the page's "
+                         "requests only, as from a browser on another machine")
+    ov.add_argument("--server-nice", type=int, default=19, choices=range(20),
+                    metavar="0..19", help="the dashboard server's nice value")
     args = parser.parse_args()
     if args.part == "overhead" and args.pairs < 2:
         parser.error("overhead: --pairs must be at least 2 (an interval needs two pairs)")

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from tandem.dashboard.server import DashboardServer
 
 DEFAULT_STORE = "runs/tandem.db"
+NICE = 19  # the dashboard watches training: it takes a core only when training leaves one
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default 127.0.0.1; any other address "
                              "requires a token: $TANDEM_DASHBOARD_TOKEN or a printed one)")
     parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one)")
+    parser.add_argument("--nice", type=int, default=NICE, choices=range(20), metavar="0..19",
+                        help=f"the server's nice value (default {NICE}: the lowest priority, "
+                             "so that it never takes a core from training; 0 keeps the "
+                             "priority it was started with)")
 
 
 def _missing_extra(err: ImportError) -> ValueError:
@@ -47,7 +52,7 @@ def run(ns: argparse.Namespace) -> int:
         from tandem.dashboard.server import DashboardServer
     except ImportError as err:
         raise _missing_extra(err) from err
-    server = DashboardServer(store, host=ns.host, port=ns.port)
+    server = DashboardServer(store, host=ns.host, port=ns.port, nice=ns.nice)
     announce(server, store)
     server.serve_forever()
     return 0

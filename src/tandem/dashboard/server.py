@@ -17,10 +17,24 @@ import uvicorn
 
 from tandem.dashboard.app import create_app
 from tandem.dashboard.auth import is_loopback
+from tandem.dashboard.command import NICE
 from tandem.dashboard.stream import POLL_S
 
 log = logging.getLogger("tandem")
 TOKEN_ENV = "TANDEM_DASHBOARD_TOKEN"
+
+
+def lower_priority(nice: int) -> None:
+    """Raise this thread's nice value to `nice` (never lower it); threads it starts later
+    inherit it. On Linux a nice value belongs to a thread, so a dashboard serving beside a
+    run lowers its own threads, not the launcher's."""
+    if nice <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+    except (AttributeError, OSError) as err:  # no per-thread priorities here
+        log.debug("the dashboard keeps its priority: %s", err)
 
 
 def resolve_token(host: str, token: str | None = None) -> str | None:
@@ -70,8 +84,9 @@ class DashboardServer:
     """The dashboard over one store, listening on (host, port), until stop()."""
 
     def __init__(self, store: Path | str, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, poll_s: float = POLL_S) -> None:
+                 token: str | None = None, poll_s: float = POLL_S, nice: int = NICE) -> None:
         self.store = Path(store).expanduser().resolve()
+        self.nice = nice
         self.host = host
         self.token = resolve_token(host, token)
         self.app = create_app(self.store, self.token, poll_s)
@@ -99,12 +114,17 @@ class DashboardServer:
 
     def serve_forever(self) -> None:
         """Serve in this thread until SIGINT/SIGTERM (uvicorn handles them)."""
+        lower_priority(self.nice)
+        self.server.run(sockets=[self.socket])
+
+    def _serve(self) -> None:
+        lower_priority(self.nice)
         self.server.run(sockets=[self.socket])
 
     def start(self, timeout: float = 15.0) -> DashboardServer:
         """Serve on a daemon thread; returns once it accepts connections."""
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]},
-                                        name="tandem-dashboard", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="tandem-dashboard",
+                                        daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

@@ -1,0 +1,47 @@
+"""A dashboard page on another machine, as the server sees it (`benchmarks/dashboard.py
+overhead --client remote`)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+
+class RemoteViewer:
+    """What the server sees of a run page open on another machine: the page's data, its
+    event stream read as it comes, its diagnosis asked at load and then every
+    `REDIAGNOSE_S` while rows arrive (as `static/run.js` does); nothing is drawn."""
+
+    REDIAGNOSE_S = 30.0
+
+    def __init__(self, base: str, run_id: str) -> None:
+        self.get = lambda path: urllib.request.urlopen(base + path, timeout=60)
+        run = urllib.parse.quote(run_id)
+        self.findings = f"/api/run/{run}/findings"
+        with self.get(f"/api/run/{run}") as resp:
+            cursor = urllib.parse.urlencode(json.loads(resp.read())["cursor"])
+        self.get(self.findings).read()
+        self.asked = time.monotonic()
+        self.stream = self.get(f"/stream/run/{run}?cursor=" + urllib.parse.quote(cursor))
+        self.stopped = False
+        self.messages = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.stream:
+            if self.stopped:
+                return
+            if line.startswith(b"data:"):
+                self.messages += 1
+                if time.monotonic() - self.asked > self.REDIAGNOSE_S:
+                    self.asked = time.monotonic()
+                    self.get(self.findings).read()
+
+    def close(self) -> None:
+        self.stopped = True
+        self.thread.join(5)  # the stream sends at least every 0.5 s while the run logs
+        self.stream.close()
