@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tandem.dashboard.auth import is_loopback
 from tandem.dashboard.command import store_of
-from tandem.dashboard.shape import jsonable, segments
+from tandem.dashboard.shape import jsonable, metric_rows, segments
 from tandem.dashboard.stream import parse_cursor
 
 
@@ -33,6 +33,16 @@ def test_jsonable_keeps_nan_as_text_that_json_accepts() -> None:
     text = json.dumps(jsonable(value), allow_nan=False)
     assert json.loads(text) == {"loss": "NaN", "up": "Infinity", "down": "-Infinity",
                                 "n": [1, 2.5], "s": [3]}
+
+
+def test_stream_rows_are_what_the_generic_walk_makes_of_them() -> None:
+    rows = [(7, 10, -1, "loss", 2.5, 1e9), (8, 10, 0, "loss", math.nan, 1e9 + 1),
+            (9, 20, 1, "grad_norm", math.inf, 1e9 + 2), (10, 20, -1, "lr", -math.inf, 1e9 + 3),
+            (11, 30, -1, "samples_per_s", 0.0, 1e9 + 4)]
+    fast = metric_rows(rows)
+    assert fast == jsonable([list(r[1:]) for r in rows])
+    assert [r[3] for r in fast] == [2.5, "NaN", "Infinity", "-Infinity", 0.0]
+    json.dumps(fast, allow_nan=False)  # what the stream sends
 
 
 def test_cursor_parsing_ignores_garbage() -> None:

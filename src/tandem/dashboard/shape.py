@@ -50,6 +50,14 @@ def numbers(values: Sequence[float]) -> list[float | str]:
     return [v if isfinite(v) else _text(v) for v in values]
 
 
+def metric_rows(rows: Sequence[tuple]) -> list[list[Any]]:
+    """Store rows (rowid, step, rank, name, value, time) as the page's [step, rank, name,
+    value, time], JSON-safe: `jsonable` for this one shape without walking each value (a
+    live run's stream is mostly these rows)."""
+    isfinite = math.isfinite
+    return [[r[1], r[2], r[3], r[4] if isfinite(r[4]) else _text(r[4]), r[5]] for r in rows]
+
+
 def _dedupe(points: list[tuple]) -> list[tuple]:
     """One point per step, the last one written (a rolled-back run writes steps again).
 

@@ -99,12 +99,13 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
     top_m, top_e = queries.max_rowid(conn, "metrics"), queries.max_rowid(conn, "events")
     new = dict(cursor)
     out: dict[str, Any] = {}
+    rows_out: list[list[Any]] | None = None  # JSON-safe already, and most of the message
     if top_m > cursor.get("m", 0):
         rows = queries.metric_rows_since(conn, cursor.get("m", 0), [run["run_id"]],
                                          UPDATE_LIMIT)
         new["m"] = rows[-1][0] if len(rows) == UPDATE_LIMIT else top_m
         if rows:
-            out["rows"] = [r[1:] for r in rows]
+            rows_out = shape.metric_rows(rows)
             out["more"] = len(rows) == UPDATE_LIMIT
     if top_e > cursor.get("e", 0):
         out["events"] = _judged(conn, run["run_id"],
@@ -113,7 +114,12 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
     if _sig(run) != cursor.get("s"):
         out["run"] = _state(run)
         new["s"] = _sig(run)
-    return (shape.jsonable(out) if out else None), new
+    if not out:
+        return None, new
+    payload = shape.jsonable(out)
+    if rows_out is not None:
+        payload["rows"] = rows_out
+    return payload, new
 
 
 def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
