@@ -13,9 +13,10 @@ import urllib.request
 class RemoteViewer:
     """What the server sees of a run page open on another machine: the page's data, its
     event stream read as it comes, its diagnosis asked at load and then every
-    `REDIAGNOSE_S` while rows arrive (as `static/run.js` does); nothing is drawn."""
+    `REDIAGNOSE_S` while rows arrive, or less often where a diagnosis cost more than
+    `DIAGNOSIS_SHARE` of that (as `static/run.js` does); nothing is drawn."""
 
-    REDIAGNOSE_S = 30.0
+    REDIAGNOSE_S, DIAGNOSIS_SHARE = 30.0, 0.01
 
     def __init__(self, base: str, run_id: str) -> None:
         self.get = lambda path: urllib.request.urlopen(base + path, timeout=60)
@@ -23,8 +24,7 @@ class RemoteViewer:
         self.findings = f"/api/run/{run}/findings"
         with self.get(f"/api/run/{run}") as resp:
             cursor = urllib.parse.urlencode(json.loads(resp.read())["cursor"])
-        self.get(self.findings).read()
-        self.asked = time.monotonic()
+        self.wait_s = self._diagnose()
         self.stream = self.get(f"/stream/run/{run}?cursor=" + urllib.parse.quote(cursor))
         self.stopped = False
         self.messages = 0
@@ -37,9 +37,15 @@ class RemoteViewer:
                 return
             if line.startswith(b"data:"):
                 self.messages += 1
-                if time.monotonic() - self.asked > self.REDIAGNOSE_S:
-                    self.asked = time.monotonic()
-                    self.get(self.findings).read()
+                if time.monotonic() - self.asked > self.wait_s:
+                    self.wait_s = self._diagnose()
+
+    def _diagnose(self) -> float:
+        """Ask for the diagnosis; how long to wait before asking again."""
+        self.asked = time.monotonic()
+        with self.get(self.findings) as resp:
+            cost = json.loads(resp.read()).get("cost_s") or 0.0
+        return max(self.REDIAGNOSE_S, cost / self.DIAGNOSIS_SHARE)
 
     def close(self) -> None:
         self.stopped = True

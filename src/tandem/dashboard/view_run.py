@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
+import time
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -123,7 +124,9 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
 
 
 def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
-    """tandem.analyze.diagnose's findings on the run's rows, every field of each."""
+    """tandem.analyze.diagnose's findings on the run's rows, every field of each, and the
+    CPU seconds they took (`cost_s`: the page paces its next request by it)."""
+    started = time.thread_time()
     run = _run(conn, args["run_id"])
     rows = queries.metric_rows(conn, run["run_id"])
     metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
@@ -133,4 +136,5 @@ def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any
     as_dicts = [dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
                 for f in found]
     return shape.jsonable({"findings": as_dicts, "rows": len(rows),
-                           "cursor": queries.max_rowid(conn, "metrics")})
+                           "cursor": queries.max_rowid(conn, "metrics"),
+                           "cost_s": round(time.thread_time() - started, 4)})

@@ -185,14 +185,17 @@
       Object.entries(f).filter(([k]) => !["kind", "severity", "message"].includes(k)).map(([k, v]) =>
         T.el("div", { class: "field", "data-field": k }, T.el("b", { text: k }), T.kv(v))))));
   };
-  // The diagnosis reads the whole run on the server: asked again at most every
-  // REDIAGNOSE_MS while new rows arrive, not on each update.
-  const REDIAGNOSE_MS = 30000;
-  let diagnosedAt = 0, dirty = false;
+  // The diagnosis reads the whole run on the server, so its cost grows with the run: it
+  // is asked again while new rows arrive, not on each update, and no sooner than its
+  // last computation's CPU time (cost_s) over DIAGNOSIS_SHARE: a page keeps the server's
+  // diagnoses under 1% of a core however long the run (0.5 s at 240k rows: every 50 s).
+  const REDIAGNOSE_MS = 30000, DIAGNOSIS_SHARE = 0.01;
+  T.rediagnoseMs = (found) => Math.max(REDIAGNOSE_MS, 1000 * ((found && found.cost_s) || 0) / DIAGNOSIS_SHARE);
+  let diagnosedAt = 0, dirty = false, waitMs = REDIAGNOSE_MS;
   const diagnose = async () => {
     diagnosedAt = Date.now(); dirty = false;
     const res = await fetch(`/api/run/${encodeURIComponent(run.run_id)}/findings`);
-    if (res.ok) { T.findings = await res.json(); renderFindings(T.findings); }
+    if (res.ok) { T.findings = await res.json(); waitMs = T.rediagnoseMs(T.findings); renderFindings(T.findings); }
   };
 
   // ---------------------------------------------------------------- build
@@ -254,8 +257,8 @@
     if (msg.run) { Object.assign(run, msg.run); T.later(jobs.config); }
     T.later(jobs.header);
     if (msg.rows) dirty = true;
-    if (dirty && Date.now() - diagnosedAt > REDIAGNOSE_MS) diagnose();
+    if (dirty && Date.now() - diagnosedAt > waitMs) diagnose();
   };
   T.stream(`/run/${encodeURIComponent(run.run_id)}`, d.cursor, apply);
-  setInterval(() => { if (dirty && Date.now() - diagnosedAt > REDIAGNOSE_MS) diagnose(); }, 5000);
+  setInterval(() => { if (dirty && Date.now() - diagnosedAt > waitMs) diagnose(); }, 5000);
 })();
