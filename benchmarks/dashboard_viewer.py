@@ -16,7 +16,7 @@ class RemoteViewer:
     `REDIAGNOSE_S` while rows arrive, or less often where a diagnosis cost more than
     `DIAGNOSIS_SHARE` of that (as `static/run.js` does); nothing is drawn."""
 
-    REDIAGNOSE_S, DIAGNOSIS_SHARE = 30.0, 0.01
+    REDIAGNOSE_S, DIAGNOSIS_SHARE = 30.0, 0.005
 
     def __init__(self, base: str, run_id: str) -> None:
         self.get = lambda path: urllib.request.urlopen(base + path, timeout=60)

@@ -188,8 +188,8 @@
   // The diagnosis reads the whole run on the server, so its cost grows with the run: it
   // is asked again while new rows arrive, not on each update, and no sooner than its
   // last computation's CPU time (cost_s) over DIAGNOSIS_SHARE: a page keeps the server's
-  // diagnoses under 1% of a core however long the run (0.5 s at 240k rows: every 50 s).
-  const REDIAGNOSE_MS = 30000, DIAGNOSIS_SHARE = 0.01;
+  // diagnoses under 0.5% of a core however long the run (0.5 s at 240k rows: every 100 s).
+  const REDIAGNOSE_MS = 30000, DIAGNOSIS_SHARE = 0.005;
   T.rediagnoseMs = (found) => Math.max(REDIAGNOSE_MS, 1000 * ((found && found.cost_s) || 0) / DIAGNOSIS_SHARE);
   let diagnosedAt = 0, dirty = false, waitMs = REDIAGNOSE_MS;
   const diagnose = async () => {
