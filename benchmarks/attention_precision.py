@@ -20,8 +20,8 @@ the kernel times.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,18 +32,12 @@ from torch.nn import functional as F
 from tandem.config import PrecisionConfig
 from tandem.trainer.precision import Precision
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "char_lm.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
+from recipe import char_lm_module  # noqa: E402
+
 ARMS = {"fp32": ("fp32", "auto"), "bf16, attention by autocast": ("bf16", "autocast"),
         "bf16, attention in fp32 (default)": ("bf16", "auto")}
 BASE = "bf16, attention by autocast"
-
-
-def char_lm() -> Any:
-    spec = importlib.util.spec_from_file_location("char_lm", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class Arm:
@@ -95,7 +89,7 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     ns = parser.parse_args()
     torch.set_num_threads(1)
-    lm = char_lm()
+    lm = char_lm_module()
     arms = {name: Arm(lm, *cfg, ns.batch) for name, cfg in ARMS.items()}
     for arm in arms.values():
         arm.step(), arm.step()

@@ -37,6 +37,7 @@ definition of tandem's own ``time_to_target_s``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -298,14 +299,9 @@ def recipe(name: str, steps: int | None = None) -> Recipe:
                    targets=(Target("loss", "<=", CHAR_LM_TARGET),),
                    tokens_per_sample=lm.SEQ_LEN, model=lm.CharLM, optimizer=lm.optimizer,
                    train_set=lambda: lm.Windows("train"), eval_set=_char_lm_eval)
-    elif name == "char_lm_muon":
-        lm = char_lm_module()
-        r = Recipe(name=name, steps=100, global_batch=32, eval_every=25, eval_batch=64,
-                   schedule="warmup_cosine", warmup=15, min_lr_ratio=0.1, grad_clip=1.0,
-                   targets=(Target("loss", "<=", CHAR_LM_TARGET),),
-                   tokens_per_sample=lm.SEQ_LEN, model=lm.CharLM, optimizer=lm.muon,
-                   train_set=lambda: lm.Windows("train"), eval_set=_char_lm_eval,
-                   precision="bf16")
+    elif name == "char_lm_muon":  # the char_lm recipe, as the example runs it
+        r = dataclasses.replace(recipe("char_lm"), name=name, steps=100, warmup=15,
+                                optimizer=char_lm_module().muon, precision="bf16")
     else:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
     if steps is not None:
