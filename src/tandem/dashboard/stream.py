@@ -29,7 +29,7 @@ from tandem.dashboard.reader import Reader, StoreUnavailable, connect_readonly
 log = logging.getLogger("tandem")
 
 POLL_S = 0.2
-MIN_GAP_S = 0.5  # between two messages of one stream (commits in between are coalesced)
+MIN_GAP_S = 0.7  # between two messages of one stream (commits in between are coalesced)
 HEARTBEAT_S = 15.0  # a comment line this often finds a page that went away
 
 Cursor = dict[str, int]
