@@ -114,8 +114,7 @@ class DashboardServer:
 
     def serve_forever(self) -> None:
         """Serve in this thread until SIGINT/SIGTERM (uvicorn handles them)."""
-        lower_priority(self.nice)
-        self.server.run(sockets=[self.socket])
+        self._serve()
 
     def _serve(self) -> None:
         lower_priority(self.nice)

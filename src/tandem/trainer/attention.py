@@ -2,8 +2,8 @@
 
 Under bf16 or fp16 autocast, torch runs `F.scaled_dot_product_attention` in the half
 dtype. On CPUs its half-precision kernels are the slow ones: on this project's 2-core
-Sapphire Rapids host the bf16 flash-attention backward of the char-LM took 68 ms a step
-against 15 ms in fp32 (`benchmarks/attention_precision.py`), while the matrix products
+Sapphire Rapids host the bf16 flash-attention backward of the char-LM took 70 ms a step
+against 14 ms in fp32 (`benchmarks/attention_precision.py`), while the matrix products
 around it gain from bf16. `FullPrecisionAttention` runs each attention call in fp32
 (inputs upcast, autocast off for that call, the result cast back to the autocast dtype),
 so the model's other operations keep autocast's choice and attention gets fp32's faster

@@ -159,6 +159,7 @@ class Trainer:
             "compile": cfg.plan.compile,
             "init": cfg.plan.init,
             "precision": cfg.precision.mode,
+            "attention": self.precision.attention,  # 'auto' resolved for this device
             "data_workers": cfg.data.workers,
             "device": str(self.runtime.device),
         }
