@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from tandem.dashboard.server import DashboardServer
 
 DEFAULT_STORE = "runs/tandem.db"
-NICE = 19  # the dashboard watches training: it takes a core only when training leaves one
+NICE = 19  # the dashboard watches training: training comes first when both want a core
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one)")
     parser.add_argument("--nice", type=int, default=NICE, choices=range(20), metavar="0..19",
                         help=f"the server's nice value (default {NICE}: the lowest priority, "
-                             "so that it never takes a core from training; 0 keeps the "
-                             "priority it was started with)")
+                             "so that training comes first when both want a core; 0 keeps "
+                             "the priority it was started with)")
 
 
 def _missing_extra(err: ImportError) -> ValueError:
