@@ -105,6 +105,44 @@ def test_attention_outside_autocast_is_untouched() -> None:
     assert _precision(mode="fp32").attention == "fp32"  # nothing to change: no autocast
 
 
+class _Attends(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.modes = [type(m).__name__ for m in _function_modes()]
+        return F.scaled_dot_product_attention(x, x, x, is_causal=True)
+
+
+class _Linear(torch.nn.Linear):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.modes = [type(m).__name__ for m in _function_modes()]
+        return super().forward(x)
+
+
+def _function_modes() -> list:
+    from torch.overrides import _get_current_function_mode_stack
+
+    return _get_current_function_mode_stack()
+
+
+def test_the_mode_stays_only_for_models_that_attend() -> None:
+    """The first forward tells: a model that attends keeps fp32 attention on every later
+    forward; one that does not leaves the mode (and its cost per op) out from then on."""
+    q = _qkv()[0].detach()
+    attends, precision = _Attends(), _precision()
+    for _ in range(3):
+        with _AttentionDtypes() as log, precision.autocast():
+            attends(q)
+        assert "FullPrecisionAttention" in attends.modes
+        assert {dtype for _, dtype in log.seen} == {torch.float32}
+    assert precision.attends is True
+    linear, precision = _Linear(8, 8), _precision()
+    with precision.autocast():
+        linear(torch.randn(2, 8))
+    assert "FullPrecisionAttention" in linear.modes and precision.attends is False
+    with precision.autocast():
+        assert linear(torch.randn(2, 8)).dtype == torch.bfloat16  # autocast still on
+    assert "FullPrecisionAttention" not in linear.modes
+
+
 def test_other_operations_keep_autocast() -> None:
     x = torch.randn(4, 8)
     layer = torch.nn.Linear(8, 8)

@@ -38,12 +38,14 @@ class FullPrecisionAttention(TorchFunctionMode):
     def __init__(self, device_type: str) -> None:
         super().__init__()
         self.device_type = device_type
+        self.calls = 0  # attention calls it ran in fp32
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (),
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is not _SDPA or not torch.is_autocast_enabled(self.device_type):
             return func(*args, **kwargs)
+        self.calls += 1
         dtype = torch.get_autocast_dtype(self.device_type)
         with torch.autocast(self.device_type, enabled=False):
             out = func(*(_widen(a) for a in args), **{k: _widen(v) for k, v in kwargs.items()})

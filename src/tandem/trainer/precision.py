@@ -28,6 +28,7 @@ class Precision:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.mode)
         self.dtype = dtype
         self.attention = resolve(cfg.attention, device) if dtype is not None else "fp32"
+        self.attends: bool | None = None  # whether the model calls attention (first forward)
         self.scaler = torch.amp.GradScaler(
             device.type,
             init_scale=cfg.init_scale,
@@ -43,9 +44,15 @@ class Precision:
             return
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
-            if self.attention == "fp32":
-                stack.enter_context(FullPrecisionAttention(self.device.type))
+            mode = None
+            if self.attention == "fp32" and self.attends is not False:
+                mode = stack.enter_context(FullPrecisionAttention(self.device.type))
             yield
+            if mode is not None and self.attends is None:
+                # The first forward (the preflight's) tells whether the model attends at
+                # all: one that does not skips the mode, which costs every op a Python call
+                # (0.12 ms of a 6.8 ms bf16 step of the MNIST-1D CNN).
+                self.attends = mode.calls > 0
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of the (scaled, when fp16) loss."""
