@@ -3,7 +3,7 @@
     python benchmarks/dashboard.py latency    [--seconds 30]
     python benchmarks/dashboard.py firstpaint [--store /tmp/tandem-dash-big.db] [--repeats 5]
     python benchmarks/dashboard.py overhead   [--pairs 15] [--block 15] [--nproc 2] [--view curves]
-                                              [--client chromium|remote] [--server-nice 19]
+                                              [--client chromium|remote] [--server-priority idle]
 
 latency: 4 writer processes log 10 windows/s each through the trainer's StoreWriter; a
 Chromium page shows one of the runs. Each commit's time is taken in the writer process
@@ -23,7 +23,8 @@ over the wall time between its first and last committed window; the server's CPU
 process CPU time over the block. `--client remote` stands in for a page on another machine
 (the usual way to watch a training host): the same requests as the page (its data, its
 event stream read as it comes, its diagnosis every 30 s while rows arrive) from this
-process, nothing drawn here. `--server-nice` is the server's nice value (19, its default).
+process, nothing drawn here. `--server-priority`: the server's CPU priority (idle, its
+default; low; normal).
 Needs the dev extra (playwright) and Debian's chromium.
 """
 
@@ -74,11 +75,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(store: Path, nice: int = 19) -> tuple[subprocess.Popen, str]:
+def start_server(store: Path, priority: str = "idle") -> tuple[subprocess.Popen, str]:
     """`tandem dashboard` on `store` as its own process; (process, base URL)."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "tandem.cli", "dashboard", "--store",
-                             str(store), "--port", str(port), "--nice", str(nice)], env=_env(),
+                             str(store), "--port", str(port), "--priority", priority], env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline()
     if "http://" not in line:
@@ -325,7 +326,7 @@ def overhead(args: argparse.Namespace) -> None:
     store = run_dir / "tandem.db"
     with RunStore(store):
         pass
-    proc, base = start_server(store, args.server_nice)
+    proc, base = start_server(store, args.server_priority)
     server = psutil.Process(proc.pid)
     train = _train(run_dir, "overhead", 10_000_000, args.nproc)
     blocks: list[tuple[str, float, float, float, float]] = []  # mode, start, end, cpu, page
@@ -392,7 +393,7 @@ def overhead(args: argparse.Namespace) -> None:
     where = "another machine's page (stand-in)" if args.client == "remote" else \
         f"a Chromium page here, at its {args.view}"
     print(f"overhead: mnist1d_cnn, {args.nproc} process(es), log_every 10, one run, "
-          f"{where}, server nice {args.server_nice}, "
+          f"{where}, server priority {args.server_priority}, "
           f"{n} pairs of {args.block:.0f}-s blocks (page open / closed, order alternating)")
     print(f"  samples/s closed median {statistics.median(closed):.0f}, open "
           f"{statistics.median(opened):.0f}; open/closed {math.exp(mean):.4f} "
@@ -455,8 +456,8 @@ def main() -> None:
     ov.add_argument("--client", choices=("chromium", "remote"), default="chromium",
                     help="chromium: a page in Chromium on this machine; remote: the page's "
                          "requests only, as from a browser on another machine")
-    ov.add_argument("--server-nice", type=int, default=19, choices=range(20),
-                    metavar="0..19", help="the dashboard server's nice value")
+    ov.add_argument("--server-priority", default="idle", choices=("idle", "low", "normal"),
+                    help="the dashboard server's CPU priority")
     args = parser.parse_args()
     if args.part == "overhead" and args.pairs < 2:
         parser.error("overhead: --pairs must be at least 2 (an interval needs two pairs)")

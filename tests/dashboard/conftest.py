@@ -79,6 +79,7 @@ def serve(request: pytest.FixtureRequest) -> Iterator[Callable[..., DashboardSer
 
     def start(store_path: Path, **kw: Any) -> DashboardServer:
         kw.setdefault("poll_s", POLL_S)
+        kw.setdefault("priority", "low")  # a page under test must not wait on the other lane
         server = DashboardServer(store_path, **kw).start()
         started.append(server)
         return server

@@ -199,23 +199,33 @@ def test_loopback_refuses_foreign_host_headers(store: Path, serve) -> None:
     assert get(base + "/api/runs", {"Host": "localhost:1"})[0] == 200
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
-@pytest.mark.parametrize("nice", [19, 0])
-def test_the_server_runs_at_the_lowest_priority_and_the_run_does_not(store: Path, serve,
-                                                                       nice: int) -> None:
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread priorities are Linux's")
+@pytest.mark.parametrize("priority", ["idle", "low", "normal"])
+def test_the_server_runs_at_a_lower_priority_and_the_run_does_not(store: Path, serve,
+                                                                    priority: str) -> None:
     """Beside a run the server shares the launcher's process: its own threads (the event
-    loop and the worker threads that query the store) take the nice value, the caller's
+    loop and the worker threads that query the store) take the priority, the caller's
     thread keeps its own."""
-    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    server = serve(store, nice=nice)
+    me = threading.get_native_id()
+    nice, policy = os.getpriority(os.PRIO_PROCESS, me), os.sched_getscheduler(me)
+    server = serve(store, priority=priority)
     assert get(server.url("/api/runs", local=True))[0] == 200  # the query uses a worker
     threads = {t.name: t.native_id for t in threading.enumerate()}
     workers = [tid for name, tid in threads.items() if name.startswith("AnyIO worker")]
     assert workers
-    want = max(nice, ours)  # never raised above what it was started with
-    assert os.getpriority(os.PRIO_PROCESS, threads["tandem-dashboard"]) == want
-    assert [os.getpriority(os.PRIO_PROCESS, tid) for tid in workers] == [want] * len(workers)
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours
+    want_nice = nice if priority == "normal" else max(19, nice)  # never raised
+    want_policy = os.SCHED_IDLE if priority == "idle" else policy
+    for tid in [threads["tandem-dashboard"], *workers]:
+        assert (os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid)) == \
+            (want_nice, want_policy)
+    assert (os.getpriority(os.PRIO_PROCESS, me), os.sched_getscheduler(me)) == (nice, policy)
+
+
+def test_an_unknown_priority_is_refused_naming_the_choices(store: Path) -> None:
+    from tandem.dashboard.server import DashboardServer
+
+    with pytest.raises(ValueError, match="'lowest' is not one of idle, low, normal"):
+        DashboardServer(store, priority="lowest")
 
 
 def test_short_tokens_are_refused(store: Path) -> None:

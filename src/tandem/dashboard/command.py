@@ -11,7 +11,10 @@ if TYPE_CHECKING:
     from tandem.dashboard.server import DashboardServer
 
 DEFAULT_STORE = "runs/tandem.db"
-NICE = 19  # the dashboard watches training: training comes first when both want a core
+# The dashboard watches training: training comes first when both want a core.
+PRIORITIES = ("idle", "low", "normal")
+PRIORITY = "idle"
+LOW_NICE = 19
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -22,10 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to listen on (default 127.0.0.1; any other address "
                              "requires a token: $TANDEM_DASHBOARD_TOKEN or a printed one)")
     parser.add_argument("--port", type=int, default=0, help="TCP port (default 0: a free one)")
-    parser.add_argument("--nice", type=int, default=NICE, choices=range(20), metavar="0..19",
-                        help=f"the server's nice value (default {NICE}: the lowest priority, "
-                             "so that training comes first when both want a core; 0 keeps "
-                             "the priority it was started with)")
+    parser.add_argument("--priority", default=PRIORITY, choices=PRIORITIES,
+                        help=f"the server's CPU priority (default {PRIORITY}: on Linux it "
+                             "runs only on a core that training leaves free; low: nice "
+                             f"{LOW_NICE}, a small share even of a busy core; normal: the "
+                             "priority it was started with)")
 
 
 def _missing_extra(err: ImportError) -> ValueError:
@@ -52,7 +56,7 @@ def run(ns: argparse.Namespace) -> int:
         from tandem.dashboard.server import DashboardServer
     except ImportError as err:
         raise _missing_extra(err) from err
-    server = DashboardServer(store, host=ns.host, port=ns.port, nice=ns.nice)
+    server = DashboardServer(store, host=ns.host, port=ns.port, priority=ns.priority)
     announce(server, store)
     server.serve_forever()
     return 0

@@ -17,24 +17,35 @@ import uvicorn
 
 from tandem.dashboard.app import create_app
 from tandem.dashboard.auth import is_loopback
-from tandem.dashboard.command import NICE
+from tandem.dashboard.command import LOW_NICE, PRIORITIES, PRIORITY
 from tandem.dashboard.stream import POLL_S
 
 log = logging.getLogger("tandem")
 TOKEN_ENV = "TANDEM_DASHBOARD_TOKEN"
 
 
-def lower_priority(nice: int) -> None:
-    """Raise this thread's nice value to `nice` (never lower it); threads it starts later
-    inherit it. On Linux a nice value belongs to a thread, so a dashboard serving beside a
-    run lowers its own threads, not the launcher's."""
-    if nice <= 0:
+def lower_priority(priority: str) -> None:
+    """Lower this thread's priority (threads it starts later inherit it).
+
+    `idle`: Linux's SCHED_IDLE policy, under which a thread runs on a core only when no
+    ordinary thread wants it, and never preempts one on waking; `low`: nice 19, a thread
+    that still takes its small share (and preempts on waking); `normal`: unchanged. A nice
+    value is also set under `idle`, for a system without SCHED_IDLE. On Linux both belong
+    to a thread, so a dashboard serving beside a run lowers its own threads, not the
+    launcher's. A priority is only ever lowered, never raised.
+    """
+    if priority == "normal":
         return
+    tid = threading.get_native_id()
     try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+        os.setpriority(os.PRIO_PROCESS, tid, max(LOW_NICE, os.getpriority(os.PRIO_PROCESS, tid)))
     except (AttributeError, OSError) as err:  # no per-thread priorities here
-        log.debug("the dashboard keeps its priority: %s", err)
+        log.debug("the dashboard keeps its nice value: %s", err)
+    if priority == "idle":
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except (AttributeError, OSError) as err:  # not Linux: nice 19 is what there is
+            log.debug("the dashboard runs at nice %d, not SCHED_IDLE: %s", LOW_NICE, err)
 
 
 def resolve_token(host: str, token: str | None = None) -> str | None:
@@ -84,9 +95,12 @@ class DashboardServer:
     """The dashboard over one store, listening on (host, port), until stop()."""
 
     def __init__(self, store: Path | str, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None, poll_s: float = POLL_S, nice: int = NICE) -> None:
+                 token: str | None = None, poll_s: float = POLL_S,
+                 priority: str = PRIORITY) -> None:
         self.store = Path(store).expanduser().resolve()
-        self.nice = nice
+        if priority not in PRIORITIES:
+            raise ValueError(f"--priority: {priority!r} is not one of {', '.join(PRIORITIES)}")
+        self.priority = priority
         self.host = host
         self.token = resolve_token(host, token)
         self.app = create_app(self.store, self.token, poll_s)
@@ -117,7 +131,7 @@ class DashboardServer:
         self._serve()
 
     def _serve(self) -> None:
-        lower_priority(self.nice)
+        lower_priority(self.priority)
         self.server.run(sockets=[self.socket])
 
     def start(self, timeout: float = 15.0) -> DashboardServer:
