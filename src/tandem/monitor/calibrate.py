@@ -52,6 +52,15 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS,
     an untimed small all-reduce of its own (it ends only when every rank has entered it,
     as a barrier does; a barrier of the process group would leave its own skew, more
     than the big buffer's cost on a path as fast as the host's shared memory).
+
+    The latency is the small buffer's median time less its transfer at the fastest pair's
+    rate. A core taken away mid-pair only lengthens a timing: lengthening the big one
+    lowers that pair's rate (at the median rate it can push the 4 KB transfer past the
+    small buffer's whole time, a latency of zero, which tells the scaling model messages
+    cost nothing); lengthening the small one raises it, which moves the latency by less
+    than the 4 KB transfer. Where every pair's big buffer was lengthened so much that
+    even the fastest rate leaves nothing, the small buffer's fastest time stands in (an
+    upper bound on the latency; at 4 KB almost all of it is).
     """
     big_n = max(nbytes, 16 * SMALL_BYTES) // 4
     small = torch.zeros(SMALL_BYTES // 4, dtype=torch.float32, device=device)
@@ -69,7 +78,9 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS,
     span = (big.numel() - small.numel()) * 4
     rates = sorted(span / max(b - s, 1e-9) for s, b in zip(t_small, t_big, strict=True))
     rate = statistics.median(rates)
-    latency = max(0.0, statistics.median(t_small) - small.numel() * 4 / rate)
+    latency = statistics.median(t_small) - small.numel() * 4 / rates[-1]
+    if latency <= 0:
+        latency = min(t_small)
     return {"comm/latency_s": latency, "comm/allreduce_bytes_per_s": rate,
             "comm/allreduce_bytes_per_s_low": rates[0],
             "comm/allreduce_bytes_per_s_high": rates[-1]}
