@@ -1,9 +1,11 @@
 """Server-sent events: one watcher polls the store, each open page gets only new rows.
 
 One task per server asks SQLite's `PRAGMA data_version` (a read of the WAL index, no
-query) every POLL_S; when another connection has committed, it wakes every stream, and
-each stream asks its page for the rows past its own cursor. An idle store costs one
-pragma per POLL_S whatever the number of open pages.
+query) every POLL_S while a page has a stream open; when another connection has
+committed, it wakes every stream, and each stream asks its page for the rows past its own
+cursor. An idle store costs one pragma per POLL_S whatever the number of open pages, and
+a server with no page open polls nothing (beside a run nobody watches, its polling would
+be most of what it costs the run).
 
 A stream sends at most one message per MIN_GAP_S: a run that commits many times a second
 (one window of each rank, liveness, events) costs one query and one redraw of the page per
@@ -14,11 +16,12 @@ keeps a committed row on the page within a second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -38,36 +41,55 @@ Updates = Callable[[sqlite3.Connection, Mapping[str, str], Cursor],
 
 
 class Watcher:
-    """Counts the commits other connections made to the store (polled)."""
+    """Counts the commits other connections made to the store (polled while a stream
+    is open: `watching()`)."""
 
     def __init__(self, reader: Reader, poll_s: float = POLL_S) -> None:
         self.reader, self.poll_s = reader, poll_s
         self.version = 0
         self.stopped = False
+        self.streams = 0  # open streams; with none, nothing is polled
         self._changed = asyncio.Event()
+        self._opened = asyncio.Event()  # set when a stream opens (or on stop)
         self._conn: sqlite3.Connection | None = None
         self._last: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        """While inside, this stream needs the store polled."""
+        self.streams += 1
+        self._opened.set()
+        try:
+            yield
+        finally:
+            self.streams -= 1
+
     def _check(self) -> bool:
+        """Whether the store changed since the last check. The first check (the file
+        appeared, the watcher started, or it woke with a stream opening) says it did:
+        its baseline is read now, so the streams look again for what came before it."""
         if self._conn is None:
             try:
                 self._conn = connect_readonly(self.reader.path)
             except StoreUnavailable:
                 return False
-            # The baseline is read at once: a commit right after it must count.
-            self._last = self._conn.execute("PRAGMA data_version").fetchone()[0]
-            return True  # the file appeared, or the watcher started: streams look again
         current = self._conn.execute("PRAGMA data_version").fetchone()[0]
-        changed = self._last is not None and current != self._last
+        changed = current != self._last
         self._last = current
         return changed
 
     async def run(self) -> None:
-        """Poll until stop(); wake the waiting streams on each change."""
+        """Poll until stop() while a stream is open; wake the waiting streams on each
+        change."""
         self._loop = asyncio.get_running_loop()
         try:
             while not self.stopped:
+                if not self.streams:
+                    self._opened.clear()
+                    await self._opened.wait()
+                    self._last = None  # commits made meanwhile: the streams look again
+                    continue
                 try:
                     changed = self._check()
                 except sqlite3.Error as err:  # a locked or replaced file: try again
@@ -88,6 +110,7 @@ class Watcher:
     def stop(self) -> None:
         """End run() and every stream waiting in wait()."""
         self.stopped = True
+        self._opened.set()
         self._bump()
 
     def stop_threadsafe(self) -> None:
@@ -136,18 +159,19 @@ async def events(watcher: Watcher, reader: Reader, updates: Updates,
     loop = asyncio.get_running_loop()
     sent = -math.inf
     yield ": connected\n\n"
-    while not watcher.stopped:
-        seen = watcher.version  # before the query: a commit during it wakes the next
-        try:
-            payload, cursor = await run_in_threadpool(step, cursor)
-        except StoreUnavailable:
-            payload = None
-        if payload is not None:
-            yield message(payload, cursor)
-            if payload.get("more"):
-                continue  # a backlog: send the next part without waiting
-            sent = loop.time()
-        if await watcher.wait(seen, HEARTBEAT_S) == seen and not watcher.stopped:
-            yield ": ping\n\n"
-        elif (rest := sent + min_gap_s - loop.time()) > 0 and not watcher.stopped:
-            await asyncio.sleep(rest)  # commits that land meanwhile go in one message
+    with watcher.watching():
+        while not watcher.stopped:
+            seen = watcher.version  # before the query: a commit during it wakes the next
+            try:
+                payload, cursor = await run_in_threadpool(step, cursor)
+            except StoreUnavailable:
+                payload = None
+            if payload is not None:
+                yield message(payload, cursor)
+                if payload.get("more"):
+                    continue  # a backlog: send the next part without waiting
+                sent = loop.time()
+            if await watcher.wait(seen, HEARTBEAT_S) == seen and not watcher.stopped:
+                yield ": ping\n\n"
+            elif (rest := sent + min_gap_s - loop.time()) > 0 and not watcher.stopped:
+                await asyncio.sleep(rest)  # commits that land meanwhile go in one message
