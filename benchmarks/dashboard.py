@@ -22,8 +22,11 @@ curves (`--view top`: left at its header, where no chart is drawn); throughput o
 over the wall time between its first and last committed window; the server's CPU is its
 process CPU time over the block. `--client remote` stands in for a page on another machine
 (the usual way to watch a training host): the same requests as the page (its data, its
-event stream read as it comes, its diagnosis every 30 s while rows arrive) from this
-process, nothing drawn here. `--server-priority`: the server's CPU priority (idle, its
+event stream read as it comes, its diagnosis paced as the page paces it) from this
+process, nothing drawn here; the diagnosis's clock runs only while the page is open and
+carries over from one open block to the next, so the open blocks hold the diagnosis's
+share of a page left open (the data, loaded again at each opening, falls in the settle
+time before the block). `--server-priority`: the server's CPU priority (idle, its
 default; low; normal).
 Needs the dev extra (playwright) and Debian's chromium.
 """
@@ -330,7 +333,8 @@ def overhead(args: argparse.Namespace) -> None:
     server = psutil.Process(proc.pid)
     train = _train(run_dir, "overhead", 10_000_000, args.nproc)
     blocks: list[tuple[str, float, float, float, float]] = []  # mode, start, end, cpu, page
-    received = 0  # messages the remote stand-in read
+    received = diagnosed = 0  # messages the remote stand-in read, diagnoses it asked
+    resume: dict[str, float] | None = None  # the stand-in page's diagnosis clock
     try:
         run_id = _live_run(base, "overhead", train)
         time.sleep(args.warmup)
@@ -344,7 +348,7 @@ def overhead(args: argparse.Namespace) -> None:
                 for mode in (("closed", "open") if i % 2 == 0 else ("open", "closed")):
                     page: Any = None
                     if mode == "open" and args.client == "remote":
-                        page = RemoteViewer(base, run_id)
+                        page = RemoteViewer(base, run_id, resume)
                     elif mode == "open":
                         page = browser.new_page()
                         page.goto(f"{base}/run/{run_id}")
@@ -364,8 +368,12 @@ def overhead(args: argparse.Namespace) -> None:
                     blocks.append((mode, start, end, used / (end - start),
                                    (page1 - page0) / (end - start)))
                     if page is not None:
-                        received += getattr(page, "messages", 0)
-                        page.close()
+                        if isinstance(page, RemoteViewer):
+                            received += page.messages
+                            diagnosed += page.diagnoses
+                            resume = page.close()
+                        else:
+                            page.close()
                     if train.poll() is not None:
                         raise RuntimeError(f"training ended: see {run_dir}/overhead.log")
                 print(f"  pair {i + 1}/{args.pairs} done", flush=True)
@@ -406,7 +414,8 @@ def overhead(args: argparse.Namespace) -> None:
           + ("the stand-in's requests" if args.client == "remote" else
              "Chromium (the page, on this machine)")
           + f" median {statistics.median(page_cpu) * 100:.1f}% of one core"
-          + (f" ({received} stream messages read)" if args.client == "remote" else ""))
+          + (f" ({received} stream messages read, {diagnosed} diagnoses asked)"
+             if args.client == "remote" else ""))
     print(f"  {load_average()}")
 
 

@@ -14,17 +14,28 @@ class RemoteViewer:
     """What the server sees of a run page open on another machine: the page's data, its
     event stream read as it comes, its diagnosis asked at load and then every
     `REDIAGNOSE_S` while rows arrive, or less often where a diagnosis cost more than
-    `DIAGNOSIS_SHARE` of that (as `static/run.js` does); nothing is drawn."""
+    `DIAGNOSIS_SHARE` of that (as `static/run.js` does); nothing is drawn.
 
-    REDIAGNOSE_S, DIAGNOSIS_SHARE = 30.0, 0.005
+    `resume`, what close() returned for an earlier viewer of the same run, makes this one
+    the same page shown again: no diagnosis at load, the next one when the earlier
+    viewer's was due, counting only the time a viewer was open. A page opened and closed
+    in blocks then asks for its diagnosis as often, over its open time, as one left open.
+    """
 
-    def __init__(self, base: str, run_id: str) -> None:
+    REDIAGNOSE_S, DIAGNOSIS_SHARE = 30.0, 0.001
+
+    def __init__(self, base: str, run_id: str, resume: dict[str, float] | None = None) -> None:
         self.get = lambda path: urllib.request.urlopen(base + path, timeout=60)
         run = urllib.parse.quote(run_id)
         self.findings = f"/api/run/{run}/findings"
+        self.diagnoses = 0
         with self.get(f"/api/run/{run}") as resp:
             cursor = urllib.parse.urlencode(json.loads(resp.read())["cursor"])
-        self.wait_s = self._diagnose()
+        if resume is None:
+            self.wait_s = self._diagnose()
+        else:  # as if asked (wait - left) seconds ago
+            self.wait_s = resume["wait_s"]
+            self.asked = time.monotonic() - (self.wait_s - resume["left_s"])
         self.stream = self.get(f"/stream/run/{run}?cursor=" + urllib.parse.quote(cursor))
         self.stopped = False
         self.messages = 0
@@ -43,11 +54,15 @@ class RemoteViewer:
     def _diagnose(self) -> float:
         """Ask for the diagnosis; how long to wait before asking again."""
         self.asked = time.monotonic()
+        self.diagnoses += 1
         with self.get(self.findings) as resp:
             cost = json.loads(resp.read()).get("cost_s") or 0.0
         return max(self.REDIAGNOSE_S, cost / self.DIAGNOSIS_SHARE)
 
-    def close(self) -> None:
+    def close(self) -> dict[str, float]:
+        """Stop reading; what a later viewer of this page resumes from (`resume`)."""
         self.stopped = True
-        self.thread.join(5)  # the stream sends at least every 0.5 s while the run logs
+        self.thread.join(5)  # the stream sends at least every 0.7 s while the run logs
         self.stream.close()
+        return {"wait_s": self.wait_s,
+                "left_s": max(0.0, self.asked + self.wait_s - time.monotonic())}

@@ -104,12 +104,16 @@ def test_run_page_holds_the_store_numbers(store: Path, serve, page) -> None:
     straggler = page.inner_text(".finding[data-kind='straggler'] [data-field='evidence']")
     assert "median_score" in straggler and "2" in straggler
     assert page.inner_text("#config").count("bucket_mb") == 1
-    # The page asks again no sooner than 200x the diagnosis's CPU time (at least 30 s).
+    # The page asks again no sooner than 1000x the diagnosis's CPU time (at least 30 s),
+    # and says over how many rows it was made.
     cost = page.evaluate("tandem.findings.cost_s")
     assert 0 <= cost < 5
     assert page.evaluate("tandem.rediagnoseMs(tandem.findings)") == pytest.approx(
-        max(30000, cost * 2e5))
-    assert page.evaluate("tandem.rediagnoseMs({cost_s: 0.5})") == 100000
+        max(30000, cost * 1e6))
+    assert page.evaluate("tandem.rediagnoseMs({cost_s: 0.5})") == 500000
+    with RunStore(store) as s:
+        n_rows = len(s.metrics("alpha-1"))
+    assert f"over the run's {n_rows:,} rows" in page.inner_text("#diagnosed")
 
 
 def test_new_finding_fields_show_without_changes(store: Path, serve, page,

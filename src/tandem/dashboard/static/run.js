@@ -183,13 +183,15 @@
       T.el("h3", {}, f.kind, T.el("small", { text: f.severity })),
       f.message ? T.el("div", { text: f.message }) : null,
       Object.entries(f).filter(([k]) => !["kind", "severity", "message"].includes(k)).map(([k, v]) =>
-        T.el("div", { class: "field", "data-field": k }, T.el("b", { text: k }), T.kv(v))))));
+        T.el("div", { class: "field", "data-field": k }, T.el("b", { text: k }), T.kv(v))))),
+      T.el("p", { class: "muted", id: "diagnosed", text: `over the run's ${found.rows.toLocaleString("en-US")} rows, ${new Date().toLocaleTimeString("sv-SE")}; asked again while rows arrive, after ${Math.round(T.rediagnoseMs(found) / 1000)} s` }));
   };
   // The diagnosis reads the whole run on the server, so its cost grows with the run: it
   // is asked again while new rows arrive, not on each update, and no sooner than its
   // last computation's CPU time (cost_s) over DIAGNOSIS_SHARE: a page keeps the server's
-  // diagnoses under 0.5% of a core however long the run (0.5 s at 240k rows: every 100 s).
-  const REDIAGNOSE_MS = 30000, DIAGNOSIS_SHARE = 0.005;
+  // diagnoses under 0.1% of a core however long the run (0.5 s at 240k rows: every 500 s;
+  // a run beside two busy cores loses about what the server takes from them).
+  const REDIAGNOSE_MS = 30000, DIAGNOSIS_SHARE = 0.001;
   T.rediagnoseMs = (found) => Math.max(REDIAGNOSE_MS, 1000 * ((found && found.cost_s) || 0) / DIAGNOSIS_SHARE);
   let diagnosedAt = 0, dirty = false, waitMs = REDIAGNOSE_MS;
   const diagnose = async () => {
