@@ -6,6 +6,7 @@ never against tandem's own loading.
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import Callable
@@ -82,6 +83,9 @@ def in_group(rank: int, body: Callable[..., None], port: int, *args: str) -> Non
     try:
         body(rank, *args)
     finally:
+        # FSDP2 modules hold their group in reference cycles; freed only at exit, after
+        # the group is gone, gloo sometimes aborts the process (as tandem.runtime.stop).
+        gc.collect()
         dist.destroy_process_group()
 
 
