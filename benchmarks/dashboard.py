@@ -333,6 +333,7 @@ def overhead(args: argparse.Namespace) -> None:
     server = psutil.Process(proc.pid)
     train = _train(run_dir, "overhead", 10_000_000, args.nproc)
     blocks: list[tuple[str, float, float, float, float]] = []  # mode, start, end, cpu, page
+    asked: list[int] = []  # diagnoses the stand-in asked within each block
     received = diagnosed = 0  # messages the remote stand-in read, diagnoses it asked
     resume: dict[str, float] | None = None  # the stand-in page's diagnosis clock
     try:
@@ -360,6 +361,7 @@ def overhead(args: argparse.Namespace) -> None:
                         else [psutil.Process()]  # the stand-in's requests: this process
                     time.sleep(args.settle)  # the switch itself is in neither block
                     cpu0, page0 = server.cpu_times(), _cpu(browser_proc)
+                    diag0 = getattr(page, "diagnoses", 0)
                     start = time.time()
                     time.sleep(args.block)
                     end = time.time()
@@ -367,6 +369,7 @@ def overhead(args: argparse.Namespace) -> None:
                     used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
                     blocks.append((mode, start, end, used / (end - start),
                                    (page1 - page0) / (end - start)))
+                    asked.append(getattr(page, "diagnoses", 0) - diag0)
                     if page is not None:
                         if isinstance(page, RemoteViewer):
                             received += page.messages
@@ -385,14 +388,26 @@ def overhead(args: argparse.Namespace) -> None:
     windows = _windows(store, run_id)
     batch = 128  # examples/mnist1d_cnn.py's global batch (its recipe, not overridden above)
     rates = [(m, _block_rate(windows, a, b, batch), c, pc) for m, a, b, c, pc in blocks]
-    logs = []
+    logs: list[float] = []
+    with_diag: list[bool] = []  # whether the pair's open block held a diagnosis
     for i in range(0, len(rates), 2):
         pair = {m: r for m, r, _, _ in rates[i:i + 2]}
         if pair.get("open") and pair.get("closed"):
             logs.append(math.log(pair["open"] / pair["closed"]))
+            with_diag.append(sum(asked[i:i + 2]) > 0)
+    (run_dir / "blocks.json").write_text(json.dumps(
+        [{"mode": m, "start": a, "end": b, "samples_per_s": r, "server_cpu": c,
+          "diagnoses": d} for (m, a, b, c, _), (_, r, _, _), d
+         in zip(blocks, rates, asked, strict=True)], indent=1))
     n = len(logs)
     mean = statistics.fmean(logs)
     half = t_quantile(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
+
+    def change(values: list[float]) -> str:
+        m = statistics.fmean(values)
+        h = t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+        return (f"{(math.exp(m) - 1) * 100:+.2f}% [{(math.exp(m - h) - 1) * 100:+.2f}%, "
+                f"{(math.exp(m + h) - 1) * 100:+.2f}%]")
     closed = [r for m, r, _, _ in rates if m == "closed" and r]
     opened = [r for m, r, _, _ in rates if m == "open" and r]
     cpu = [c for m, _, c, _ in rates if m == "open"]
@@ -416,6 +431,14 @@ def overhead(args: argparse.Namespace) -> None:
           + f" median {statistics.median(page_cpu) * 100:.1f}% of one core"
           + (f" ({received} stream messages read, {diagnosed} diagnoses asked)"
              if args.client == "remote" else ""))
+    if any(with_diag):
+        diag = [x for x, d in zip(logs, with_diag, strict=True) if d]
+        steady = [x for x, d in zip(logs, with_diag, strict=True) if not d]
+        print(f"  pairs whose open block held a diagnosis: {len(diag)}, each "
+              + ", ".join(f"{(math.exp(x) - 1) * 100:+.1f}%" for x in diag)
+              + (f"; the other {len(steady)} pairs (the stream alone): {change(steady)}"
+                 if len(steady) > 2 else ""))
+    print(f"  every block: {run_dir / 'blocks.json'}")
     print(f"  {load_average()}")
 
 
