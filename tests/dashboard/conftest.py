@@ -89,6 +89,25 @@ def serve(request: pytest.FixtureRequest) -> Iterator[Callable[..., DashboardSer
         server.stop()
 
 
+def counted_watcher(store: Path) -> tuple[Any, Any, list[float]]:
+    """(reader, watcher, checks): a Watcher polling every POLL_S whose every check of the
+    store is noted (its time) in `checks`."""
+    from tandem.dashboard.reader import Reader
+    from tandem.dashboard.stream import Watcher
+
+    reader = Reader(store)
+    watcher = Watcher(reader, POLL_S)
+    checks: list[float] = []
+    check = watcher._check
+
+    def counted() -> bool:
+        checks.append(time.monotonic())
+        return check()
+
+    watcher._check = counted  # type: ignore[method-assign]
+    return reader, watcher, checks
+
+
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes, Any]:
     """(status, body, headers) of a GET that does not follow redirects."""
 

@@ -9,10 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from tandem.dashboard.reader import Reader
-from tandem.dashboard.stream import Watcher
 from tandem.monitor.store import RunStore
-from tests.dashboard.conftest import POLL_S
+from tests.dashboard.conftest import POLL_S, counted_watcher
 
 
 def _commit(store: Path, step: int) -> None:
@@ -31,16 +29,7 @@ async def _until(predicate, deadline_s: float) -> bool:
 
 def test_the_store_is_polled_only_while_a_stream_is_open(store: Path) -> None:
     async def scenario() -> dict[str, object]:
-        reader = Reader(store)
-        watcher = Watcher(reader, POLL_S)
-        checks: list[float] = []
-        check = watcher._check
-
-        def counted() -> bool:
-            checks.append(time.monotonic())
-            return check()
-
-        watcher._check = counted  # type: ignore[method-assign]
+        reader, watcher, checks = counted_watcher(store)
         task = asyncio.create_task(watcher.run())
         out: dict[str, object] = {}
         await asyncio.sleep(10 * POLL_S)

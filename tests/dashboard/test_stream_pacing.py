@@ -15,7 +15,7 @@ from tandem.dashboard import queries, stream
 from tandem.dashboard.reader import Reader
 from tandem.dashboard.stream import Watcher
 from tandem.monitor.store import RunStore
-from tests.dashboard.conftest import POLL_S
+from tests.dashboard.conftest import POLL_S, counted_watcher
 
 GAP_S = 0.2  # the streams' gap in these tests
 
@@ -68,16 +68,7 @@ def test_a_stream_beside_a_live_run_needs_no_polling(store: Path) -> None:
     old stream had it polled all along: 2 s / POLL_S = 40 checks)."""
 
     async def scenario() -> dict[str, Any]:
-        reader = Reader(store)
-        watcher = Watcher(reader, POLL_S)
-        checks: list[float] = []
-        check = watcher._check
-
-        def counted() -> bool:
-            checks.append(time.monotonic())
-            return check()
-
-        watcher._check = counted  # type: ignore[method-assign]
+        reader, watcher, checks = counted_watcher(store)
         task = asyncio.create_task(watcher.run())
         updates = _Rows()
         with reader.snapshot() as conn:
