@@ -34,8 +34,10 @@ else:
 WAITING_LANE = ("tests/faults/test_sched_",)
 TIMING_LAST = ("tests/dist/test_evaluation_signals.py", "tests/dist/test_tune.py",
                "tests/dist/test_report_validate.py", "tests/dist/test_scaling_model_run.py")
-# multiprocessing's resource tracker lives as long as the test process, by design.
-LONG_LIVED = ("multiprocessing.resource_tracker",)
+# multiprocessing's resource tracker lives as long as the test process, by design;
+# Chromium's crash handler, which the session's browser (tests/dashboard) starts at times,
+# daemonized outside its process tree, as long as that browser (reaped when it closes).
+LONG_LIVED = ("multiprocessing.resource_tracker", "chrome_crashpad_handler")
 
 
 def session_processes() -> list[psutil.Process]:

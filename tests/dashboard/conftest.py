@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
@@ -21,6 +22,7 @@ pytest.importorskip("jinja2", reason="the dashboard extra is not installed")
 from tandem.analyze.synthetic import Synthetic, write_synthetic  # noqa: E402
 from tandem.dashboard.server import DashboardServer  # noqa: E402
 from tandem.monitor.store import RunStore  # noqa: E402
+from tests.conftest import SESSION_ENV  # noqa: E402
 
 CHROMIUM = os.environ.get("TANDEM_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -141,6 +143,15 @@ def browser() -> Iterator[Any]:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield chromium
         chromium.close()
+    # A crash handler Chromium started, daemonized (the suite's guard lets it live as
+    # long as the browser): gone with it.
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if ("chrome_crashpad_handler" in " ".join(proc.cmdline())
+                    and proc.environ().get(SESSION_ENV) == os.environ.get(SESSION_ENV)):
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
 
 
 @pytest.fixture
