@@ -40,8 +40,9 @@ TIMING_LAST = ("tests/dist/test_evaluation_signals.py", "tests/dist/test_tune.py
 LONG_LIVED = ("multiprocessing.resource_tracker", "chrome_crashpad_handler")
 
 
-def session_processes() -> list[psutil.Process]:
-    """Live processes other than this one that carry this suite's session marker."""
+def session_processes(long_lived: bool = False) -> list[psutil.Process]:
+    """Live processes other than this one that carry this suite's session marker (those
+    named in LONG_LIVED only with `long_lived`)."""
     found = []
     me = os.getpid()
     for proc in psutil.process_iter(["pid"]):
@@ -49,7 +50,8 @@ def session_processes() -> list[psutil.Process]:
             continue
         try:
             if (proc.environ().get(SESSION_ENV) == os.environ[SESSION_ENV]
-                    and not any(k in " ".join(proc.cmdline()) for k in LONG_LIVED)
+                    and (long_lived or not any(k in " ".join(proc.cmdline())
+                                               for k in LONG_LIVED))
                     and proc.status() != psutil.STATUS_ZOMBIE):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):

@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 pytest.importorskip("starlette", reason="the dashboard extra is not installed")
@@ -20,9 +19,11 @@ pytest.importorskip("uvicorn", reason="the dashboard extra is not installed")
 pytest.importorskip("jinja2", reason="the dashboard extra is not installed")
 
 from tandem.analyze.synthetic import Synthetic, write_synthetic  # noqa: E402
+from tandem.dashboard.reader import Reader  # noqa: E402
 from tandem.dashboard.server import DashboardServer  # noqa: E402
+from tandem.dashboard.stream import Watcher  # noqa: E402
 from tandem.monitor.store import RunStore  # noqa: E402
-from tests.conftest import SESSION_ENV  # noqa: E402
+from tests.conftest import reap, session_processes  # noqa: E402
 
 CHROMIUM = os.environ.get("TANDEM_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -91,12 +92,9 @@ def serve(request: pytest.FixtureRequest) -> Iterator[Callable[..., DashboardSer
         server.stop()
 
 
-def counted_watcher(store: Path) -> tuple[Any, Any, list[float]]:
+def counted_watcher(store: Path) -> tuple[Reader, Watcher, list[float]]:
     """(reader, watcher, checks): a Watcher polling every POLL_S whose every check of the
     store is noted (its time) in `checks`."""
-    from tandem.dashboard.reader import Reader
-    from tandem.dashboard.stream import Watcher
-
     reader = Reader(store)
     watcher = Watcher(reader, POLL_S)
     checks: list[float] = []
@@ -145,13 +143,8 @@ def browser() -> Iterator[Any]:
         chromium.close()
     # A crash handler Chromium started, daemonized (the suite's guard lets it live as
     # long as the browser): gone with it.
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if ("chrome_crashpad_handler" in " ".join(proc.cmdline())
-                    and proc.environ().get(SESSION_ENV) == os.environ.get(SESSION_ENV)):
-                proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
+    reap([p for p in session_processes(long_lived=True)
+          if "chrome_crashpad_handler" in " ".join(p.cmdline())])
 
 
 @pytest.fixture
