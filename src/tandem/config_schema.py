@@ -125,6 +125,13 @@ class PlanConfig:
         "being mapped and unmapped (page-faulted) each step; 0 keeps glibc's adaptive "
         "threshold (at most 32; MALLOC_MMAP_THRESHOLD_ in the environment wins)"
     )
+    flush_denormal: bool = _doc(
+        True, "CPU: treat subnormal floats (below 1.2e-38) as zero in arithmetic, as "
+        "TensorFlow does on CPU; computing on them is tens of times slower, and a model that "
+        "has fitted its data makes them (its softmax gives the wrong classes less than "
+        "1e-38). Set on each process's main thread while the run lasts; false keeps IEEE "
+        "subnormals"
+    )
     comm_hook: Literal["none", "fp16", "bf16", "powersgd", "topk", "hierarchical"] = _doc(
         "none", "DDP gradient communication: none (fp32 all-reduce); fp16 / bf16 (half the "
         "bytes; bf16 needs nccl); powersgd, topk (lossy, with error feedback); hierarchical "
