@@ -333,6 +333,7 @@ def overhead(args: argparse.Namespace) -> None:
     server = psutil.Process(proc.pid)
     train = _train(run_dir, "overhead", 10_000_000, args.nproc)
     blocks: list[tuple[str, float, float, float, float]] = []  # mode, start, end, cpu, page
+    others: list[float] = []  # cores the rest of the machine used in each block
     asked: list[int] = []  # diagnoses the stand-in asked within each block
     received = diagnosed = 0  # messages the remote stand-in read, diagnoses it asked
     resume: dict[str, float] | None = None  # the stand-in page's diagnosis clock
@@ -361,11 +362,15 @@ def overhead(args: argparse.Namespace) -> None:
                         else [psutil.Process()]  # the stand-in's requests: this process
                     time.sleep(args.settle)  # the switch itself is in neither block
                     cpu0, page0 = server.cpu_times(), _cpu(browser_proc)
+                    mine0 = _cpu(_tree(train)) + _cpu([server, *browser_proc])
+                    busy0 = _busy()
                     diag0 = getattr(page, "diagnoses", 0)
                     start = time.time()
                     time.sleep(args.block)
                     end = time.time()
                     cpu1, page1 = server.cpu_times(), _cpu(browser_proc)
+                    others.append((_busy() - busy0 - _cpu(_tree(train))
+                                   - _cpu([server, *browser_proc]) + mine0) / (end - start))
                     used = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
                     blocks.append((mode, start, end, used / (end - start),
                                    (page1 - page0) / (end - start)))
@@ -397,8 +402,8 @@ def overhead(args: argparse.Namespace) -> None:
             with_diag.append(sum(asked[i:i + 2]) > 0)
     (run_dir / "blocks.json").write_text(json.dumps(
         [{"mode": m, "start": a, "end": b, "samples_per_s": r, "server_cpu": c,
-          "diagnoses": d} for (m, a, b, c, _), (_, r, _, _), d
-         in zip(blocks, rates, asked, strict=True)], indent=1))
+          "diagnoses": d, "other_cpu": o} for (m, a, b, c, _), (_, r, _, _), d, o
+         in zip(blocks, rates, asked, others, strict=True)], indent=1))
     n = len(logs)
     mean = statistics.fmean(logs)
     half = t_quantile(0.975, n - 1) * statistics.stdev(logs) / math.sqrt(n)
@@ -438,6 +443,12 @@ def overhead(args: argparse.Namespace) -> None:
               + ", ".join(f"{(math.exp(x) - 1) * 100:+.1f}%" for x in diag)
               + (f"; the other {len(steady)} pairs (the stream alone): {change(steady)}"
                  if len(steady) > 2 else ""))
+    half_n = len(closed) // 2
+    print(f"  the rest of the machine (neither the run, the server nor the page): median "
+          f"{statistics.median(others) * 100:.1f}%, max {max(others) * 100:.1f}% of one core; "
+          f"closed blocks' samples/s, first half median "
+          f"{statistics.median(closed[:half_n]):.0f}, second half "
+          f"{statistics.median(closed[half_n:]):.0f}")
     print(f"  every block: {run_dir / 'blocks.json'}")
     print(f"  {load_average()}")
 
@@ -451,6 +462,26 @@ def _name(process: Any) -> str:
         return process.name().lower()
     except psutil.Error:
         return ""
+
+
+def _tree(proc: subprocess.Popen) -> list[Any]:
+    """The process `proc` started and every descendant it has now."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _busy() -> float:
+    """CPU seconds the whole machine spent busy since boot: all but idle and iowait, and
+    steal counted (a neighbour's use of this machine's cores); guest time is in user."""
+    import psutil
+
+    t = psutil.cpu_times()._asdict()
+    return sum(t.values()) - sum(t.get(k, 0.0) for k in ("idle", "iowait", "guest", "guest_nice"))
 
 
 def _cpu(processes: list[Any]) -> float:
