@@ -156,9 +156,15 @@ def test_long_runs_are_downsampled_and_keep_spikes(tmp_path: Path, serve, page) 
     assert shown[0][0] == 0 and shown[-1][0] == n - 1
 
 
-def test_live_rows_arrive_by_server_sent_events(store: Path, serve, browser, page) -> None:
+def test_live_rows_arrive_by_server_sent_events(store: Path, serve, browser, page,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # A live run longer than LIVE_ROWS is diagnosed on its latest rows (whole steps): the
+    # 10 loss rows at steps 10-100, less step 10 and then step 20, cut short by the limit.
+    monkeypatch.setattr(view_run, "LIVE_ROWS", 8)
     server = serve(store)
     open_page(page, server.url("/run/live-1", local=True))
+    page.wait_for_selector("#diagnosed")
+    assert "over this live run's latest 8 rows, steps 30-100" in page.inner_text("#diagnosed")
     runs_page = browser.new_page()
     open_page(runs_page, server.url("/runs", local=True))
     page.wait_for_function("document.getElementById('live').textContent === 'live'")
@@ -189,6 +195,10 @@ def test_live_rows_arrive_by_server_sent_events(store: Path, serve, browser, pag
         s.start_run("late-1", "late", {}, {"strategy": "ddp"}, {"world_size": 2})
     wait_for(lambda: page.inner_text("#status") == "completed", LIVE_DEADLINE_S,
              "the finished status on the run page")
+    with RunStore(store) as s:
+        n_rows = len(s.metrics("live-1"))
+    wait_for(lambda: f"over the run's {n_rows} rows" in page.inner_text("#diagnosed"),
+             LIVE_DEADLINE_S, "the finished run's diagnosis over every row")
     wait_for(lambda: runs_page.query_selector("tr[data-run='late-1']"), LIVE_DEADLINE_S,
              "the new run on the runs page")
     assert "completed" in runs_page.inner_text("tr[data-run='live-1']")

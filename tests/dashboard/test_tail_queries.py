@@ -56,6 +56,8 @@ def test_tail_reads_cost_the_new_rows_not_the_run(tmp_path: Path) -> None:
         "rows of the live run": lambda c, cur: queries.metric_rows_since(c, cur, ["live"]),
         "rows of every run": lambda c, cur: queries.metric_rows_since(c, cur),
         "runs with new rows": lambda c, cur: queries.runs_with_rows_since(c, cur),
+        "latest rows of the live run (its diagnosis)":
+            lambda c, cur: queries.latest_metric_rows(c, "live", NEW),
     }
     for what, read in reads.items():
         (s_steps, s_got), (b_steps, b_got) = (

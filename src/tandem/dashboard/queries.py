@@ -123,6 +123,18 @@ def metric_rows_since(conn: sqlite3.Connection, cursor: int,
     return [(r[0], r[1], r[2], r[3], _value(r[4]), r[5]) for r in rows]
 
 
+def latest_metric_rows(conn: sqlite3.Connection, run_id: str, limit: int) -> list[MetricRow]:
+    """A run's last `limit` metric rows, in the order they were committed.
+
+    The rowid b-tree read backwards (`NOT INDEXED`): it stops after `limit` rows of the
+    run, so its cost follows `limit` (and the other runs' rows among them), not the run.
+    """
+    rows = conn.execute(
+        "SELECT rowid, step, rank, name, value, time FROM metrics NOT INDEXED "
+        "WHERE run_id=? ORDER BY rowid DESC LIMIT ?", (run_id, limit)).fetchall()
+    return [(r[0], r[1], r[2], r[3], _value(r[4]), r[5]) for r in reversed(rows)]
+
+
 def runs_with_rows_since(conn: sqlite3.Connection, cursor: int) -> list[str]:
     """Ids of the runs that have metric rows past rowid `cursor` (a range scan of the
     rowid b-tree: without `NOT INDEXED`, SQLite answers DISTINCT by scanning the whole

@@ -23,6 +23,10 @@ from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
 Cursor = dict[str, int]
 # Rows sent in one update at most; the rest follow in the next ones at once.
 UPDATE_LIMIT = 50_000
+# A live run's diagnosis reads its latest rows, at most about this many (whole logging
+# windows): what the run does now, at a cost that stays put as the run grows (about 2 us
+# a row). A finished run's reads every row, once (the server keeps it).
+LIVE_ROWS = 100_000
 
 
 class NotFound(LookupError):
@@ -123,12 +127,29 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
     return payload, new
 
 
+def latest_rows(conn: sqlite3.Connection, run_id: str) -> list[queries.MetricRow] | None:
+    """The run's last LIVE_ROWS rows less those of their first step (a window cut short),
+    or None when the run holds no more than LIVE_ROWS rows."""
+    rows = queries.latest_metric_rows(conn, run_id, LIVE_ROWS + 1)
+    if len(rows) <= LIVE_ROWS:
+        return None
+    cut = rows[0][1]  # the step the limit fell in: some of its rows were left out
+    return rows[next((i for i, r in enumerate(rows) if r[1] != cut), len(rows)):]
+
+
 def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     """tandem.analyze.diagnose's findings on the run's rows, every field of each, and the
-    CPU seconds they took (`cost_s`: the page paces its next request by it)."""
+    CPU seconds they took (`cost_s`: the page paces its next request by it).
+
+    A live run longer than LIVE_ROWS is diagnosed on its latest windows (`latest`: their
+    first and last step): who is slow now, not over the run's whole history, and at a
+    cost that does not grow with the run; its events are all read (the instabilities
+    among them stay named). A finished run is diagnosed on every row, as its report is.
+    """
     started = time.thread_time()
     run = _run(conn, args["run_id"])
-    rows = queries.metric_rows(conn, run["run_id"])
+    latest = latest_rows(conn, run["run_id"]) if run["status"] == "running" else None
+    rows = latest if latest is not None else queries.metric_rows(conn, run["run_id"])
     metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
                for r in rows]
     events = queries.events(conn, run["run_id"])
@@ -136,5 +157,6 @@ def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any
     as_dicts = [dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
                 for f in found]
     return shape.jsonable({"findings": as_dicts, "rows": len(rows),
+                           "latest": [rows[0][1], rows[-1][1]] if latest else None,
                            "cursor": queries.max_rowid(conn, "metrics"),
                            "cost_s": round(time.thread_time() - started, 4)})
