@@ -156,14 +156,14 @@ def tune_host_allocator(threshold_mb: float) -> bool:
 
 def flush_denormals(on: bool) -> bool:
     """Have this thread's CPU arithmetic treat subnormal floats as zero (FTZ and DAZ), or
-    not. Returns whether the CPU could (x86 with SSE3; ARM's flush-to-zero).
+    not. Returns whether the CPU could (torch.set_flush_denormal: x86 with SSE3).
 
-    A float below 1.2e-38 is computed in microcode on x86, tens of times slower: the
-    MNIST-1D model's backward takes 0.49 s instead of 12 ms when its gradients are that
-    small (`benchmarks/denormal.py`). A long run meets them once the model has fitted its
-    data: the softmax gives the wrong classes probabilities below 1e-38 and the backward
-    pass carries them; the dashboard's overhead benchmark ran 3x slower after 35 minutes
-    of training. The flag is the thread's own (MXCSR on x86): threads started after it is
+    A float below 1.2e-38 is computed in microcode on x86, tens of times slower. A long
+    run meets them once the model has fitted its data: the softmax gives the wrong
+    classes probabilities below 1e-38 and the backward pass carries them. The dashboard's
+    overhead benchmark ran the MNIST-1D example 3x slower after 35 minutes of training;
+    a step of its model in that state takes 121 ms instead of 12 ms
+    (`benchmarks/denormal.py`). The flag is the thread's own (MXCSR on x86): threads started after it is
     set inherit it (torch's intra-op pool when it is made later); a pool that already
     runs keeps its own. `tandem run` gives each process one thread, where all of the
     arithmetic of the step is on the thread that sets it.
