@@ -162,11 +162,11 @@ def flush_denormals(on: bool) -> bool:
     run meets them once the model has fitted its data: the softmax gives the wrong
     classes probabilities below 1e-38 and the backward pass carries them. The dashboard's
     overhead benchmark ran the MNIST-1D example 3x slower after 35 minutes of training;
-    a step of its model in that state takes 121 ms instead of 12 ms
-    (`benchmarks/denormal.py`). The flag is the thread's own (MXCSR on x86): threads started after it is
-    set inherit it (torch's intra-op pool when it is made later); a pool that already
-    runs keeps its own. `tandem run` gives each process one thread, where all of the
-    arithmetic of the step is on the thread that sets it.
+    a step of its model with logit margins past that takes 121 ms instead of 12 ms
+    (`benchmarks/denormal.py`). The flag is the thread's own (MXCSR on x86): threads
+    started after it is set inherit it (torch's intra-op pool when it is made later); a
+    pool that already runs keeps its own. `tandem run` gives each process one thread,
+    where all of the arithmetic of the step is on the thread that sets it.
     """
     return bool(torch.set_flush_denormal(on))
 

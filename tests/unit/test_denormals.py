@@ -3,6 +3,8 @@ the run lasts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -18,7 +20,7 @@ def halved() -> float:
 
 
 @pytest.fixture(autouse=True)
-def ieee_after() -> None:
+def ieee_after() -> Iterator[None]:
     yield
     flush_denormals(False)  # whatever a failing test left, the next one starts from torch's
 
