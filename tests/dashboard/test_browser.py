@@ -158,8 +158,9 @@ def test_long_runs_are_downsampled_and_keep_spikes(tmp_path: Path, serve, page) 
 
 def test_live_rows_arrive_by_server_sent_events(store: Path, serve, browser, page,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    # A live run longer than LIVE_ROWS is diagnosed on its latest rows (whole steps): the
-    # 10 loss rows at steps 10-100, less step 10 and then step 20, cut short by the limit.
+    # A live run longer than LIVE_ROWS is diagnosed on its latest rows, whole steps only:
+    # of its 10 loss rows (steps 10-100) the read takes the last 9, and step 20, where
+    # the limit fell, is left out.
     monkeypatch.setattr(view_run, "LIVE_ROWS", 8)
     server = serve(store)
     open_page(page, server.url("/run/live-1", local=True))
