@@ -162,7 +162,7 @@ def flush_denormals(on: bool) -> bool:
     run meets them once the model has fitted its data: the softmax gives the wrong
     classes probabilities below 1e-38 and the backward pass carries them. The dashboard's
     overhead benchmark ran the MNIST-1D example 3x slower after 35 minutes of training;
-    a step of its model with logit margins past that takes 121 ms instead of 12 ms
+    a step of its model with logit margins past that takes 126 ms instead of 13 ms
     (`benchmarks/denormal.py`). The flag is the thread's own (MXCSR on x86): threads
     started after it is set inherit it (torch's intra-op pool when it is made later); a
     pool that already runs keeps its own. `tandem run` gives each process one thread,
