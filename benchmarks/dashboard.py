@@ -3,6 +3,7 @@
     python benchmarks/dashboard.py latency    [--seconds 30]
     python benchmarks/dashboard.py firstpaint [--store /tmp/tandem-dash-big.db] [--repeats 5]
     python benchmarks/dashboard.py overhead   [--pairs 15] [--block 15] [--nproc 2] [--view curves]
+    python benchmarks/dashboard.py afterwards STORE   # an overhead run's store, afterwards
                                               [--client chromium|remote] [--server-priority idle]
 
 latency: 4 writer processes log 10 windows/s each through the trainer's StoreWriter; a
@@ -449,8 +450,64 @@ def overhead(args: argparse.Namespace) -> None:
           f"closed blocks' samples/s, first half median "
           f"{statistics.median(closed[:half_n]):.0f}, second half "
           f"{statistics.median(closed[half_n:]):.0f}")
-    print(f"  every block: {run_dir / 'blocks.json'}")
+    print(f"  every block: {run_dir / 'blocks.json'}; the store afterwards: python "
+          f"benchmarks/dashboard.py afterwards {store}")
     print(f"  {load_average()}")
+
+
+def afterwards(args: argparse.Namespace) -> None:
+    """What a finished overhead run's store says: its throughput minute by minute (did
+    the training itself drift?), its compute time early and late, and what the Run
+    page's diagnosis costs on its latest rows against every row (CPU seconds, 3 times)."""
+    from tandem.dashboard import queries, view_run
+    from tandem.dashboard.reader import connect_readonly
+
+    conn = connect_readonly(Path(args.store))
+    try:
+        run = queries.run(conn, args.run) if args.run else None
+        if run is None:
+            ids = [r[0] for r in conn.execute("SELECT run_id FROM runs ORDER BY started")]
+            if args.run or len(ids) != 1:
+                raise SystemExit(f"afterwards: name one run with --run (the store has "
+                                 f"{', '.join(ids) or 'none'})")
+            run = queries.run(conn, ids[0])
+        rows = queries.metric_rows(conn, run["run_id"], ["samples_per_s", "time/compute"])
+        t0 = min(r[5] for r in rows)
+        minutes: dict[str, dict[int, list[tuple[int, float, float]]]] = {}
+        for _, step, rank, name, value, t in rows:
+            if rank == -1 or name == "time/compute":  # compute: per rank; all ranks' mean
+                minutes.setdefault(name, {}).setdefault(int((t - t0) // 60), []).append(
+                    (step, t, value))
+        batch = 128  # examples/mnist1d_cnn.py's global batch, as overhead's
+        rate = {m: (w[-1][0] - w[0][0]) * batch / (w[-1][1] - w[0][1])
+                for m, w in sorted(minutes["samples_per_s"].items()) if len(w) > 2}
+        mid = statistics.median(rate.values())
+        slow = [m for m, r in rate.items() if r < 0.7 * mid]
+        print(f"afterwards: {run['run_id']}, {len(rate)} minutes; samples/s a minute: min "
+              f"{min(rate.values()):,.0f}, median {mid:,.0f}, max {max(rate.values()):,.0f}; "
+              + (f"{len(slow)} minutes under 70% of the median (minutes {slow[0]}-{slow[-1]}, "
+                 f"{min(rate[m] for m in slow):,.0f}-{max(rate[m] for m in slow):,.0f})"
+                 if slow else "no minute under 70% of the median"))
+        compute = {m: statistics.fmean(v for _, _, v in w)
+                   for m, w in sorted(minutes["time/compute"].items())}
+        keys = list(compute)
+        print(f"  time/compute a step (mean over ranks): first 5 minutes "
+              f"{statistics.median(compute[m] for m in keys[:5]) * 1000:.1f} ms, last 5 "
+              f"{statistics.median(compute[m] for m in keys[-5:]) * 1000:.1f} ms")
+        for label, read in (("its latest rows (a live page)", view_run.latest_rows),
+                            ("every row (a finished run)", None)):
+            costs, n = [], 0
+            for _ in range(3):
+                began = time.thread_time()
+                got = read(conn, run["run_id"]) if read else None
+                got = got if got is not None else queries.metric_rows(conn, run["run_id"])
+                view_run.diagnose_rows(conn, run, got)
+                costs.append(time.thread_time() - began)
+                n = len(got)
+            print(f"  diagnosis over {label}: {n:,} rows, "
+                  + ", ".join(f"{c:.2f}" for c in costs) + " s of CPU")
+    finally:
+        conn.close()
 
 
 def _name(process: Any) -> str:
@@ -521,10 +578,14 @@ def main() -> None:
                          "requests only, as from a browser on another machine")
     ov.add_argument("--server-priority", default="idle", choices=("idle", "low", "normal"),
                     help="the dashboard server's CPU priority")
+    aw = sub.add_parser("afterwards", help="what an overhead run's store says, afterwards")
+    aw.add_argument("store", help="the run's tandem.db (overhead prints its directory)")
+    aw.add_argument("--run", default="", help="run id (needed when the store holds several)")
     args = parser.parse_args()
     if args.part == "overhead" and args.pairs < 2:
         parser.error("overhead: --pairs must be at least 2 (an interval needs two pairs)")
-    {"latency": latency, "firstpaint": firstpaint, "overhead": overhead}[args.part](args)
+    {"latency": latency, "firstpaint": firstpaint, "overhead": overhead,
+     "afterwards": afterwards}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A model that has fitted its data gives the wrong classes softmax probabilities b
 float32's smallest normal number (1.2e-38) once its logit margins pass about 87, and its
 backward pass then computes on subnormals, which x86 does in microcode. The dashboard's
 overhead benchmark saw it: its 2-process run of the example, at 68 steps a second, went
-from 11 ms to 35 ms of compute a step after 35 minutes, with nothing else changed.
+from about 11 ms to 38 ms of compute a step after 35 minutes, with nothing else changed.
 
 Getting there takes that long, so this benchmark takes the state's defining property
 instead: the example's model, trained for `--fit-steps` on MNIST-1D, then its classifier

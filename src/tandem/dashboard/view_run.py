@@ -137,6 +137,14 @@ def latest_rows(conn: sqlite3.Connection, run_id: str) -> list[queries.MetricRow
     return rows[next((i for i, r in enumerate(rows) if r[1] != cut), len(rows)):]
 
 
+def diagnose_rows(conn: sqlite3.Connection, run: Mapping[str, Any],
+                  rows: list[queries.MetricRow]) -> list[Any]:
+    """tandem.analyze.diagnose on these metric rows of `run`, with all of its events."""
+    metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
+               for r in rows]
+    return diagnose(metrics, queries.events(conn, run["run_id"]), config=run.get("config"))
+
+
 def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     """tandem.analyze.diagnose's findings on the run's rows, every field of each, and the
     CPU seconds they took (`cost_s`: the page paces its next request by it).
@@ -150,10 +158,7 @@ def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any
     run = _run(conn, args["run_id"])
     latest = latest_rows(conn, run["run_id"]) if run["status"] == "running" else None
     rows = latest if latest is not None else queries.metric_rows(conn, run["run_id"])
-    metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
-               for r in rows]
-    events = queries.events(conn, run["run_id"])
-    found = diagnose(metrics, events, config=run.get("config"))
+    found = diagnose_rows(conn, run, rows)
     as_dicts = [dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))
                 for f in found]
     return shape.jsonable({"findings": as_dicts, "rows": len(rows),
