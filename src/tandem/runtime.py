@@ -156,7 +156,7 @@ def tune_host_allocator(threshold_mb: float) -> bool:
 
 def flush_denormals(on: bool) -> bool:
     """Have this thread's CPU arithmetic treat subnormal floats as zero (FTZ and DAZ), or
-    not. Returns whether the CPU could (torch.set_flush_denormal: x86 with SSE3).
+    not. Returns whether the CPU could (torch.set_flush_denormal: x86 with SSE3, ARM).
 
     A float below 1.2e-38 is computed in microcode on x86, tens of times slower. A long
     run meets them once the model has fitted its data: the softmax gives the wrong
