@@ -8,7 +8,8 @@ other failure is named in one line (rank, exit status, where its traceback is).
 A signal that stops the agent (Ctrl-C, SIGTERM) ends it without a traceback either.
 
 Everything the imports left is frozen out of the cyclic garbage collector: the agent
-creates few objects afterwards, and its exit no longer walks torch's ~300k (0.5 s).
+creates few objects afterwards, and its exit no longer walks the hundreds of thousands
+of objects torch's import leaves.
 """
 
 from __future__ import annotations

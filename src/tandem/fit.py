@@ -134,10 +134,10 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
 
 
 # _frozen_for_the_run: when training starts, every object alive (torch's import alone
-# leaves ~300k, the model, data held in memory) is moved out of the cyclic garbage
-# collector's reach (`gc.freeze`). A full collection over them took 0.3 s, a pause of one
-# rank that the others wait for, and the interpreter's exit runs several: 1.5 s of every
-# process's exit, which a preemption or a resize waits for. A script's run ends its
+# leaves hundreds of thousands, the model, data held in memory) is moved out of the
+# cyclic garbage collector's reach (`gc.freeze`). A full collection over them pauses one
+# rank while the others wait for it, and the interpreter's exit runs several, which a
+# preemption or a resize waits for. A script's run ends its
 # process, and stays frozen; `fit` called with a config (a notebook, a test: the process
 # goes on) unfreezes when it returns or raises, so that what the run left behind can be
 # collected again.

@@ -1,9 +1,10 @@
 """Workers that start warm: one process imports torch once, then forks each worker.
 
-A worker that starts cold spends most of its start-up importing: `import torch` (1.3 s
-on a 2-core machine), `torch.distributed.tensor` (0.6 s, which a checkpoint restore
-needs) and `torch._dynamo` (0.6 s, imported by the first optimizer), before the job's
-own modules. Every start, restart and resize of a scheduled job pays it again. The
+A worker that starts cold spends most of its start-up importing: `import torch`,
+`torch.distributed.tensor` (which a checkpoint restore needs) and `torch._dynamo`
+(imported by the first optimizer), before the job's own modules (docs/benchmarks.md,
+"Start-up by launcher and warm workers", times them). Every start, restart and resize of
+a scheduled job pays it again. The
 scheduler's local backend runs one fork server beside it (`python -m tandem.forkserver
 --socket PATH --owner PID [--import MODULE ...]`): it imports those modules, then waits
 on a Unix socket in a directory only its user can open (and answers only its own user).

@@ -3,9 +3,9 @@
 `tandem run` on one node starts this file by path (`python .../local_agent.py ...`): it
 imports nothing but the standard library (and the fork server's protocol from
 `forkwire.py` beside it, which imports nothing else), so the workers start about as
-soon as the command does. torchrun's agent imports torch before it starts any worker
-(1.8 s on a 2-core machine), a serial cost paid at every start, restart and resize of
-a job; on one node its rendezvous has nothing to agree on, so this agent does without it.
+soon as the command does. torchrun's agent imports torch before it starts any worker, a
+serial cost paid at every start, restart and resize of a job (`benchmarks/launch_startup.py`
+measures it); on one node its rendezvous has nothing to agree on, so this agent does without it.
 
 What the workers see is what torchrun gives them: RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, ROLE_NAME, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE,

@@ -137,10 +137,11 @@ def tune_host_allocator(threshold_mb: float) -> bool:
 
     glibc maps blocks above its mmap threshold (128 KiB at first, raised only after such
     a block is freed) straight from the kernel and unmaps them on free, so every step's
-    activations and gradients of that size are page-faulted in again: on the MNIST-1D
-    example that made the forward pass 40% slower until something happened to raise the
-    threshold. A fixed threshold (and a trim threshold twice as high) ends it. Skipped
-    off Linux, off glibc, for 0, and when MALLOC_MMAP_THRESHOLD_ is set.
+    activations and gradients of that size are page-faulted in again, which slowed the
+    MNIST-1D example's forward pass (docs/benchmarks.md, the peers) until something
+    happened to raise the threshold. A fixed threshold (and a trim threshold twice as
+    high) ends it. Skipped off Linux, off glibc, for 0, and when MALLOC_MMAP_THRESHOLD_
+    is set.
     """
     if threshold_mb <= 0 or not sys.platform.startswith("linux"):
         return False
@@ -160,10 +161,9 @@ def flush_denormals(on: bool) -> bool:
 
     A float below 1.2e-38 is computed in microcode on x86, tens of times slower. A long
     run meets them once the model has fitted its data: the softmax gives the wrong
-    classes probabilities below 1e-38 and the backward pass carries them. The dashboard's
-    overhead benchmark ran the MNIST-1D example 3x slower after 35 minutes of training;
-    a step of its model with logit margins past that takes 126 ms instead of 13 ms
-    (`benchmarks/denormal.py`). The flag is the thread's own (MXCSR on x86): threads
+    classes probabilities below 1e-38 and the backward pass carries them: a long run of
+    the MNIST-1D example slowed several-fold that way (`benchmarks/denormal.py`, figures
+    in docs/benchmarks.md). The flag is the thread's own (MXCSR on x86): threads
     started after it is set inherit it (torch's intra-op pool when it is made later); a
     pool that already runs keeps its own. `tandem run` gives each process one thread,
     where all of the arithmetic of the step is on the thread that sets it.
@@ -263,9 +263,9 @@ def seed_step(seed: int, rank: int, step: int) -> None:
 def seed_all(value: int) -> None:
     """Seed torch, numpy and random with one value.
 
-    Called every step: torch.manual_seed visits every device type's generators (about
-    130 us on CPU), so the CPU generator is seeded directly and CUDA's only once CUDA
-    is in use (both are what torch.manual_seed would seed here).
+    Called every step: torch.manual_seed visits every device type's generators, too
+    costly for every step, so the CPU generator is seeded directly and CUDA's only once
+    CUDA is in use (both are what torch.manual_seed would seed here).
     """
     torch.default_generator.manual_seed(value)
     if torch.cuda.is_initialized():

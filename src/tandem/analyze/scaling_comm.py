@@ -15,10 +15,9 @@ A collective costs a rank two things that scale differently:
   D foreign threads on C cores a wake to a busy core (wake x D / C per bucket). A
   sleeping rank uses no core; the other ranks meet it in the same collective, so the
   cores idle (unless foreign threads take them). On a CPU host a step above one rank
-  also sleeps a fixed `step_wake_s` that does not grow with the hops (DDP's step
-  against the same work in two independent processes: each rank idled 0.97 ms of an
-  18.3 ms step, of which the prior's two hops explain 0.3; docs/benchmarks.md, the
-  scaling model).
+  also sleeps a fixed `step_wake_s` that does not grow with the hops: the idle time of
+  DDP's step, against the same work in two independent processes, beyond what the
+  prior's hops explain (docs/benchmarks.md, the scaling model).
 
 A multi-process run fits the hop latency to what its ranks slept per step less their
 wait (`scaling_model` reads the sleep off the run's CPU accounting): a hop inside a real
@@ -26,17 +25,18 @@ step costs more than the calibrated probe's (DDP's hook and future, an optimizer
 collective if it has one), and all of it grows with the hops. Less sleep than the probe
 explains means backward hid the rest (the exposure). A one-process run uses priors, as
 do the bytes' rates unless the run calibrated its link. The priors for a CPU host are
-from runs of the examples on a 2-core machine (gloo over loopback, DDP with one gradient
+from runs of the examples on a small host (gloo over loopback, DDP with one gradient
 bucket): the link's beside other jobs, not the runs the model is checked against; the
 fixed sleep from an independent pair of processes; the scheduler's share of the arrival
-spread from two sets of the benchmark's runs, checked since on a later set.
+spread from two sets of the benchmark's runs, checked since on a later set (the figures:
+docs/benchmarks.md, the scaling model).
 
 The wait for the last rank: ranks reach the collective spread as sigma x N standard
 normals in core-seconds (sigma: a fraction of the work before the collective, and on a
 saturated host a further fraction: that work is cut into timeslices among the other
-runnable threads). On the 2-core machine the spread of 4 ranks was 5.7-8.6% of that
-work on both examples, whose steps differ sixfold (12 runs: docs/benchmarks.md, the
-scaling model), and 0.6-2.7% at 2 ranks with a core each. With a core each the step
+runnable threads). Measured, that spread is a similar share of the work on both
+examples, whose steps differ sixfold, and a larger one where ranks share cores
+(docs/benchmarks.md, the scaling model). With a core each the step
 waits sigma x E[max]. Sharing cores, a rank that arrived sleeps and its share goes to the
 threads still runnable: k ranks left beside D foreign threads run at min(1, C / (k + D))
 each, so the gaps between later arrivals shrink (`wait_units`).
@@ -49,14 +49,14 @@ from dataclasses import dataclass, replace
 from functools import cache
 from statistics import NormalDist
 
-# Priors. CPU: gloo over loopback (DESIGN.md: ~0.4 ms for a 0.1 MiB all-reduce on 2
-# processes, ~1 GiB/s); CUDA: NCCL within one node.
+# Priors (where the CPU figures come from: docs/benchmarks.md, the scaling model). CPU:
+# gloo over loopback; CUDA: NCCL within one node.
 CPU_LINK = {"hop_latency_s": 150e-6, "link_bytes_per_s": 2**30, "wake_s": 5e-3,
             "local_bytes_per_s": 2e9, "step_wake_s": 0.7e-3}
 # CPU through the host's shared memory (`parallel.host_allreduce`): no sockets and no
 # threads to wake, a round costs a write, the peers' counters and a sum of their slots.
-# The calibration probe on this path, 2 processes on the 2-core machine: 15 us latency
-# (two "hops" of 7.5), 4.6-7.6 GB/s of buffer (0.25 MB and 4 MB buffers).
+# The calibration probe's latency on this path is taken as two "hops" a round, its
+# bandwidth as the buffer's bytes.
 SHM_HOP_S = 7.5e-6
 SHM_BYTES_PER_S = 5e9
 SHM_LINK = {"hop_latency_s": SHM_HOP_S, "link_bytes_per_s": SHM_BYTES_PER_S,
@@ -65,7 +65,7 @@ SHM_LINK = {"hop_latency_s": SHM_HOP_S, "link_bytes_per_s": SHM_BYTES_PER_S,
 CUDA_LINK = {"hop_latency_s": 20e-6, "link_bytes_per_s": 20e9, "wake_s": 0.0,
              "local_bytes_per_s": 200e9, "step_wake_s": 0.0}
 # A rank's arrival spread: this fraction of its work, and on a saturated host this much
-# more of it (the median of those 12 runs, 6.5%, less the first).
+# more of it (the median of the benchmark's 4-process runs, less the first).
 JITTER_PER_WORK = 0.01
 JITTER_SCHEDULED = 0.055
 

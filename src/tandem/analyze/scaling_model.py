@@ -9,7 +9,7 @@ A data-parallel step (DDP or one process) on rank r takes, in wall-clock seconds
   the collectives' bytes (`scaling_comm`). On CPU the run measures it directly: rank 0's
   process CPU x the step time. A phase's wall time cannot tell it once ranks share cores,
   because a phase then also holds the time the rank waited for a core (4 ranks on 2 idle
-  cores: the exposed all-reduce lasts 12 ms, of which the cores idle 5). Where every rank
+  cores: much of the exposed all-reduce is other ranks computing). Where every rank
   has a core of its own (foreign threads aside: the share reads those phases), the phases
   tell it without the noise of the CPU sample: all but the exposed collective and the
   wait, plus the bytes' work inside the collective. The two readings are blended by how
@@ -76,27 +76,28 @@ from tandem.analyze.scaling_comm import (
 HOOK_BYTES = {"none": 1.0, "fp16": 0.5, "bf16": 0.5}  # buffer bytes per gradient byte
 SATURATED = 0.95  # host CPU utilisation above which every core is taken
 # Core-seconds a rank's step costs beyond its work when it shares its core (its caches
-# start cold after others ran): MNIST-1D's CNN, timed by thread CPU time at 128, 64 and
-# 32 samples per rank beside other jobs, cost 7 ms + 0.29 ms per sample; on an idle core
-# the per-sample cost alone.
+# start cold after others ran): the fixed part of MNIST-1D's CNN's step timed by thread
+# CPU time at three micro-batch sizes beside other jobs; on an idle core there is only
+# the per-sample cost (docs/benchmarks.md: the scaling model).
 COLD_START_S = 6e-3
 # The same with DDP's all-reduce through shared memory (no gloo threads on the cores):
-# 4-process MNIST-1D runs on 2 cores used 2.9-3.5 core-ms a rank per step beyond the
-# one-process work of their 32 samples and optimizer step (process CPU time, three runs,
+# what 4-process MNIST-1D runs on 2 cores used a rank per step beyond the one-process
+# work of their samples and optimizer step (process CPU time, three runs,
 # docs/benchmarks.md: the scaling model).
 SHM_COLD_START_S = 3.3e-3
 # Core-seconds a rank runs ahead of foreign threads when it wakes from the step's
 # collective, before it is back to its fair share (the scheduler favours a task that
-# slept): on the same machine a 2-rank DDP step's optimizer, right after the all-reduce,
-# ran at ~0.75 of a core beside other jobs while the fair share was ~0.3.
+# slept): a 2-rank DDP step's optimizer, right after the all-reduce, ran well above its
+# fair share of a core beside other jobs (docs/benchmarks.md: the scaling model).
 WAKE_CREDIT_S = 5e-3
 # Relative uncertainty of each term (one standard deviation, as judged from the model's
 # assumptions): compute per sample grows this much per halving/doubling of the
 # micro-batch; communication fitted from the run vs from priors; the sync wait.
 U_WORK, U_PER_OCTAVE, U_STEP = 0.04, 0.06, 0.10
 U_COMM_FIT, U_COMM_PRIOR, U_WAIT = 0.30, 0.60, 0.50
-# How far the foreign load may have moved between the run and the prediction's use:
-# interleaved runs minutes apart on the shared 2-core machine saw backgrounds +-20% apart.
+# How far the foreign load may have moved between the run and the prediction's use: as
+# far as interleaved runs minutes apart on a shared host saw their backgrounds move
+# (docs/benchmarks.md: the scaling model).
 BACKGROUND_DRIFT = 0.2
 
 

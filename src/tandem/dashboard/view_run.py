@@ -24,8 +24,8 @@ Cursor = dict[str, int]
 # Rows sent in one update at most; the rest follow in the next ones at once.
 UPDATE_LIMIT = 50_000
 # A live run's diagnosis reads its latest rows, at most about this many (whole logging
-# windows): what the run does now, at a cost that stays put as the run grows (about 2 us
-# a row). A finished run's reads every row, once (the server keeps it).
+# windows): what the run does now, at a cost that stays put as the run grows. A finished
+# run's reads every row, once (the server keeps it).
 LIVE_ROWS = 100_000
 
 

@@ -21,8 +21,8 @@ from tandem.monitor.flops import count_flops, keep_flops, kept_flops, peak_flops
 
 Pass = Callable[[bool], None]  # run one forward+backward, synchronising gradients or not
 SMALL_BYTES = 4096  # the latency probe's buffer
-REPEATS = 3  # pairs of timings: what keeps the probe within 0.5% of the demo run
-# (benchmarks/calibration_cost.py); their range is recorded as the bandwidth's spread
+REPEATS = 3  # pairs of timings: few enough to keep the probe a small share of a short
+# run (benchmarks/calibration_cost.py); their range is recorded as the bandwidth's spread
 
 
 AllReduce = Callable[[torch.Tensor], object]  # sum in place over the group

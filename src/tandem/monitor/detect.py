@@ -12,10 +12,11 @@
 Hoaglin); it ignores the ordinary noise of a decreasing loss curve and fires on
 outliers. An outlier must also lie TAIL_MARGIN times farther above the window's
 median than the highest value the window holds: a converged model's per-batch loss is
-heavy-tailed (most batches near 0, one with a misclassified sample 20-40x the median,
-which the median and MAD never see), and a value the window's own tail already reaches
-is that tail, not a spike. The gradient norm of such a model has the same tail (15% of
-MNIST-1D's steps were named without the margin), so it has the margin too, and one more
+heavy-tailed (most batches near 0, one with a misclassified sample many times the
+median, which the median and MAD never see), and a value the window's own tail already
+reaches is that tail, not a spike. The gradient norm of such a model has the same tail
+(without the margin, many of a memorising model's ordinary steps were named), so it has
+the margin too, and one more
 way to fire: an explosion can grow by 1.3x a step, each step within twice the last one's
 reach, so an outlier that ends RISE_STEPS rises of at least RISE_RATIO each, through
 values already half-way to outliers, is named whatever the tail (the tail's draws are

@@ -125,8 +125,8 @@ def peak_flops(device: torch.device, precision: str) -> tuple[float, str]:
 # $XDG_CACHE_HOME/tandem, else ~/.cache/tandem). A later run reads it instead of spending
 # 0.1 s of its own time on the probe.
 PEAKS_FILE = "peaks.json"
-# A step's FLOP count is kept too, under its `step_signature` (28 ms of the 5-s demo's
-# calibration was counting them again).
+# A step's FLOP count is kept too, under its `step_signature` (counting them again was
+# most of a short run's calibration).
 FLOPS_FILE = "flops.json"
 
 

@@ -8,8 +8,8 @@ for it) and by the marker every process of the attempt carries in its environmen
 
 Workers start warm: the backend runs a fork server (`tandem/forkserver.py`) that has
 imported torch and tandem once, and every attempt's agent forks its workers from it,
-which took 2.6-3.4 s out of each start, restart and resize of the examples on a 2-core
-machine (`benchmarks/launch_startup.py`). A worker the server cannot fork starts cold.
+which takes those imports out of each start, restart and resize
+(`benchmarks/launch_startup.py`). A worker the server cannot fork starts cold.
 Forked workers do not carry the marker in their environment as the kernel shows it: a
 kill asks the server for the attempt's workers, and they die with their agent anyway.
 """

@@ -1,10 +1,10 @@
 """Attention in full precision inside a half-precision autocast.
 
 Under bf16 or fp16 autocast, torch runs `F.scaled_dot_product_attention` in the half
-dtype. On CPUs its half-precision kernels are the slow ones: on this project's 2-core
-Sapphire Rapids host the bf16 flash-attention backward of the char-LM took 70 ms a step
-against 14 ms in fp32 (`benchmarks/attention_precision.py`), while the matrix products
-around it gain from bf16. `FullPrecisionAttention` runs each attention call in fp32
+dtype. On CPUs its half-precision kernels are the slow ones: the bf16 flash-attention
+backward is several times slower than fp32's (`benchmarks/attention_precision.py`;
+figures in docs/benchmarks.md), while the matrix products around it gain from bf16 where
+the CPU has AVX-512 BF16 or AMX. `FullPrecisionAttention` runs each attention call in fp32
 (inputs upcast, autocast off for that call, the result cast back to the autocast dtype),
 so the model's other operations keep autocast's choice and attention gets fp32's faster
 kernels and fp32's accuracy (softmax and its gradient in fp32, as mixed-precision recipes

@@ -5,8 +5,8 @@ run of the same step on the same machine reads them.
 
 A drift is the median step time of the last DRIFT_WINDOWS logging windows moving more
 than DRIFT from the median of the first DRIFT_WINDOWS after the measurement: one slow
-window on a shared machine is not a drift (judged window by window, a demo run on a
-busy 2-core machine re-measured the link 103 times in 3.5 minutes). And re-measuring
+window on a shared machine is not a drift (judged window by window, a busy host's noise
+alone would have the link re-measured again and again). And re-measuring
 never takes the calibration's total cost over RELINK_SHARE of the run's wall time.
 """
 

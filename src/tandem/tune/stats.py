@@ -3,7 +3,7 @@
 The unit of every interval is the RUN. Logging windows inside one run are correlated
 (the same processes, the same cache state, the same neighbours on the machine), so an
 interval over windows is far narrower than the spread between two runs of the same plan
-minutes apart (about +-15% on a shared 2-core machine). The rules, all tested against
+minutes apart (docs/benchmarks.md, "The tuner"). The rules, all tested against
 independent computations in tests/unit/test_tune_stats.py:
 
 * **Warm-up.** The first window always goes (process start, loader workers, allocator
@@ -33,8 +33,7 @@ independent computations in tests/unit/test_tune_stats.py:
   placebo's upper bound, the inverse of its lower bound). Which run of an A/A pair is
   "A" is arbitrary, so a placebo measured at 0.75 [0.60, 0.94] says that two runs of one
   plan can differ by 1/0.60 = 1.67x on this machine today, as surely as one at 1.33
-  [1.06, 1.67] does (one such session, where one plan's runs came out 2,600 to 3,800
-  samples/s). An arm wins when it has MIN_PAIRS pairs or more and its lower
+  [1.06, 1.67] does. An arm wins when it has MIN_PAIRS pairs or more and its lower
   bound exceeds the floor; it is stopped when its upper bound is below the floor (it
   cannot beat the noise); otherwise it gets another pair, up to a maximum, after which
   it is not significant. Stopping as soon as an arm is decided makes the test
