@@ -30,7 +30,8 @@ def _load(store: RunStore, run_id: str) -> tuple[dict[str, Any], list[dict[str, 
     metrics = store.metrics(run["run_id"])
     events = store.events(run["run_id"])
     device = (run.get("env") or {}).get("device")
-    findings = diagnose(metrics, events, config=run["config"], device=device)
+    findings = diagnose(metrics, events, config=run["config"], device=device,
+                        plan=run.get("plan"), env=run.get("env"))
     return run, metrics, events, with_validations(findings, store.trials(run["run_id"]))
 
 
@@ -51,6 +52,7 @@ def _kpi_items(run: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[st
               ("tokens/s", text.number(head["tokens_per_s"])),
               ("step time", text.seconds(head["step_s"])),
               ("MFU", text.share(head["mfu"])),
+              ("grad noise scale", text.number(head["grad_noise_scale"])),
               ("CUDA peak", text.nbytes(head["cuda_peak_bytes"])),
               ("host RSS", text.nbytes(head["rss_peak_bytes"]))]
     return [(label, value) for label, value in items if value != text.DASH]

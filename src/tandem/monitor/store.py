@@ -417,6 +417,12 @@ def environment(device: str | None = None, world_size: int | None = None) -> dic
                              else int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
         env["world_size"] = 1
+    # Processes on this host (torchrun sets it): world / local is the hosts the run spans.
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local and local.isdigit():
+        env["local_world_size"] = int(local)
+    elif env["world_size"] == 1:
+        env["local_world_size"] = 1
     try:
         env["host"] = socket.gethostname()
     except OSError:
