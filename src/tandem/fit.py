@@ -258,10 +258,10 @@ def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResul
 
 def _scaling(config: Config, run_id: str, summary: dict[str, Any],
              world_size: int) -> dict[str, Any]:
-    """Scaling efficiency against a one-process run of the same work, when the store has one."""
+    """Scaling efficiency against a comparable one-process run, or why there is none."""
     try:
         return scaling_figures(store_path(config), run_id, summary.get("samples_per_s", 0.0),
-                               world_size)
+                               world_size, int(summary.get("steps", 0)))
     except Exception as err:  # an analysis must never fail the run it describes
         log.warning("scaling efficiency: %s", err)
         return {}
