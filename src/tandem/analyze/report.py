@@ -122,6 +122,19 @@ def _header(run: Mapping[str, Any], findings: Sequence[Finding]) -> str:
             f"{verdict_html}</header>")
 
 
+# Events that say why a run stopped (`usage` and `preflight`: stores from before refused
+# starts were left out of the store).
+ENDINGS = ("crash", "usage", "preflight", "interrupted", "preempted")
+
+
+def ending(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The last event saying why a run that did not complete stopped (None: it completed,
+    or nothing says)."""
+    if run["status"] in ("completed", "running"):
+        return None
+    return next((dict(e) for e in reversed(events) if e["kind"] in ENDINGS), None)
+
+
 def segments(events: Sequence[Mapping[str, Any]]) -> list[list[str]]:
     """One row per attempt of the run (its start step, processes, plan)."""
     return [[str(e["step"]), str(int(e["value"])) if e.get("value") is not None else "?",
@@ -241,6 +254,9 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
         table.add_row("step time split", ", ".join(
             f"{label} {text.share(v / step)}" for label, v in shares if v is not None))
     console.print(table)
+    if (end := ending(run, events)) is not None:
+        console.print(f"[bold red]{run['status']}[/] at step {end['step']}: {end['message']}",
+                      highlight=False)
     trials = tuning_trials(store, run["run_id"])
     if trials:
         decisions = Table(title="tuning decisions", title_justify="left")
