@@ -44,7 +44,13 @@ def _kpi_items(run: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[st
     duration = head["duration_s"]
     if duration is None:
         duration = time.time() - run["started"]
-    items = [("steps", f"{head['steps']:,}"), ("wall time", text.seconds(duration)),
+    summary = run.get("summary") or {}
+    # Training time alone hides what came before the first step (reading data into
+    # memory, building, compiling): the process's whole time is shown beside it.
+    items = [("steps", f"{head['steps']:,}"), ("training time", text.seconds(duration)),
+             ("end to end", text.seconds(summary.get("end_to_end_s"))),
+             ("of which start-up", text.seconds(summary.get("startup_s"))),
+             ("data loading (in memory)", text.seconds(summary.get("data_load_s"))),
              ("final loss", text.number(head["final_loss"]))]
     evals = [k for k in head if k not in figures.HEADLINE_KEYS]
     items += [(name, text.number(head[name])) for name in evals[:3]]
@@ -79,8 +85,11 @@ def validation_text(f: Finding) -> str:
                 "(tandem report RUN --validate runs its control experiment)")
     low, high = (v.get("interval") or [None, None])[:2]
     spread = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    # The controls compare step throughput (tune/controls.py): what a cause costs each
+    # step, not what removing it costs up front (reading the data into memory).
     return (f"{v['state']}: predicted {v['predicted']:.2f}x, the control measured "
-            f"{v['measured']:.2f}x{spread} over {v.get('runs', '?')} runs")
+            f"{v['measured']:.2f}x{spread} over {v.get('runs', '?')} runs (training steps "
+            "only, not end to end: start-up and data loading are not counted)")
 
 
 def findings_html(findings: Sequence[Finding]) -> str:
