@@ -51,19 +51,19 @@ def candidates(store: RunStore, run_id: str) -> list[dict[str, Any]]:
     return sorted(found, key=lambda r: r["started"], reverse=True)
 
 
-def _background(store_path: Path, ref: dict[str, Any]) -> tuple[float | None, int]:
-    """(foreign CPU-bound threads beside `ref`, None when its load was not measured; cores)."""
+def _background(store_path: Path, ref: dict[str, Any]) -> tuple[float | None, int, str]:
+    """(foreign CPU-bound threads beside `ref`, cores, why not known) for a one-process
+    run; the threads are None when its load cannot be read."""
     from tandem.analyze.scaling_inputs import run_figures
     from tandem.analyze.scaling_model import background_threads
 
     try:
         fig = run_figures(store_path, ref["run_id"])
     except ValueError as err:
-        log.info("reference %s: no load figures: %s", ref["run_id"], err)
-        return None, 0
+        return None, 0, str(err)
     if not fig.host_cpu:
-        return None, fig.cores
-    return background_threads(fig)[0], fig.cores
+        return None, fig.cores, "no host and process CPU figures"
+    return background_threads(fig)[0], fig.cores, ""
 
 
 def why_not(store_path: Path, ref: dict[str, Any], steps: int) -> str:
@@ -73,9 +73,9 @@ def why_not(store_path: Path, ref: dict[str, Any], steps: int) -> str:
             1 / MAX_STEPS_RATIO <= ref_steps / steps <= MAX_STEPS_RATIO):
         return (f"{ref['run_id']} ran {ref_steps} steps against this run's {steps} (a "
                 f"reference must be within {MAX_STEPS_RATIO:g}x)")
-    background, cores = _background(store_path, ref)
+    background, cores, unknown = _background(store_path, ref)
     if background is None:
-        return f"{ref['run_id']}'s foreign CPU load was not measured (no sys/ CPU figures)"
+        return f"{ref['run_id']}'s foreign CPU load is not known ({unknown})"
     bound = MAX_BACKGROUND_PER_CORE * max(cores, 1)
     if background > bound:
         return (f"{ref['run_id']} ran beside {background:.1f} foreign CPU-bound threads "
