@@ -264,7 +264,8 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
             f"{label} {text.share(v / step)}" for label, v in shares if v is not None))
     console.print(table)
     if (end := ending(run, events)) is not None:
-        console.print(f"[bold red]{run['status']}[/] at step {end['step']}: {end['message']}",
+        why = str(end["message"]).removeprefix(f"{run['status']}: ")
+        console.print(f"[bold red]{run['status']}[/] at step {end['step']}: {why}",
                       highlight=False)
     trials = tuning_trials(store, run["run_id"])
     if trials:
