@@ -27,6 +27,9 @@ MAX_STEPS_RATIO = 2.0
 # `background_threads`, median over the reference's windows): a one-process run slowed by
 # other jobs makes every multi-process run look super-linear.
 MAX_BACKGROUND_PER_CORE = 0.25
+# The newest candidates looked at: each one's load is read from all its metric rows, at
+# the end of the run that asks.
+MAX_CANDIDATES = 10
 
 
 def candidates(store: RunStore, run_id: str) -> list[dict[str, Any]]:
@@ -97,7 +100,7 @@ def scaling_figures(store_path: Path, run_id: str, samples_per_s: float,
         return {"scaling_note": "no scaling figure: no completed one-process run of this "
                                 "script with the same batch, precision and device"}
     reasons = []
-    for ref in found:
+    for ref in found[:MAX_CANDIDATES]:
         reason = why_not(store_path, ref, steps)
         if reason:
             reasons.append(reason)
