@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from tandem import launch
 from tandem.config import reference
@@ -28,12 +26,16 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="launch a script on this node (and others) via torchrun")
     launch.add_arguments(run)
     sub.add_parser("config", help="list every config option with its default")
-    runs = sub.add_parser("runs", help="list the runs in the run store")
+    runs = sub.add_parser("runs", help="list (filter, delete) the runs in the run store")
+    from tandem.monitor.runs_cli import add_arguments as runs_arguments
+
+    runs_arguments(runs)
     _store_arg(runs)
     report = sub.add_parser("report", help="summarise a run and write its HTML report")
     report.add_argument("run", nargs="?", default=None,
                         help="run id, unique id prefix, or run name (default: the latest run)")
-    report.add_argument("--html", default=None, help="report file (default: <run>.html)")
+    report.add_argument("--out", "--html", dest="out", default=None,
+                        help="report file (default: report.html in the run's folder)")
     report.add_argument("--validate", action="store_true",
                         help="first run each finding's control experiment (paired runs of "
                              "the job without the cause, against an A/A placebo) and "
@@ -47,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     _store_arg(report)
     compare = sub.add_parser("compare", help="set runs side by side (table and HTML)")
     compare.add_argument("runs", nargs="+", help="two or more runs")
-    compare.add_argument("--html", default="compare.html", help="comparison file")
+    compare.add_argument("--out", "--html", dest="out", default=None,
+                         help="comparison file (default: in the first run's folder)")
     _store_arg(compare)
     tune = sub.add_parser("tune", help="pick the execution plan by short validation trials")
     from tandem.tune.command import add_arguments as tune_arguments
@@ -78,33 +81,26 @@ def _open_store(given: str | None):  # noqa: ANN202 - RunStore, imported lazily
     return RunStore(path)
 
 
-def _list_runs(store_path: str | None, console: Console) -> None:
-    with _open_store(store_path) as store:
-        table = Table(title=f"runs in {store.path}, newest first")
-        table.add_column("run id", no_wrap=True, overflow="fold")
-        for column in ("started", "name", "status", "world", "steps", "final loss"):
-            table.add_column(column)
-        for run in reversed(store.runs()):
-            summary = run.get("summary") or {}
-            env = run.get("env") or {}
-            loss = store.metrics(run["run_id"], name="loss", rank=-1)
-            started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"]))
-            table.add_row(run["run_id"], started, run["name"], run["status"],
-                          str(env.get("world_size", "")), str(summary.get("steps", "")),
-                          f"{loss[-1]['value']:.4f}" if loss else "")
-        console.print(table)
+def _list_runs(ns: argparse.Namespace, console: Console) -> int:
+    from tandem.monitor.runs_cli import run
+
+    with _open_store(ns.store) as store:
+        return run(ns, store, console)
 
 
 def _report(ns: argparse.Namespace, console: Console) -> None:
     from tandem.analyze.report import print_summary, write_html
+    from tandem.monitor.runs_cli import output_path
 
     with _open_store(ns.store) as store:
-        run_id = store.run(ns.run)["run_id"] if ns.run else store.latest_run()["run_id"]
+        chosen = store.run(ns.run) if ns.run else store.latest_run()
+        run_id = chosen["run_id"]
         if ns.validate:
             _validate(store, run_id, ns, console)
         print_summary(store, run_id, console)
-        path = write_html(store, run_id, Path(ns.html or f"{run_id}.html"))
-    console.print(f"report written to {path}")
+        out = Path(ns.out) if ns.out else output_path(store, chosen, "report.html")
+        path = write_html(store, run_id, out)
+    console.print(f"report written to {path}", highlight=False)
 
 
 def _validate(store: Any, run_id: str, ns: argparse.Namespace,
@@ -128,12 +124,17 @@ def _validate(store: Any, run_id: str, ns: argparse.Namespace,
 
 def _compare(ns: argparse.Namespace, console: Console) -> None:
     from tandem.analyze.report import compare, compare_table
+    from tandem.monitor.runs_cli import output_path
 
     with _open_store(ns.store) as store:
-        ids = [store.run(name)["run_id"] for name in ns.runs]
+        chosen = [store.run(name) for name in ns.runs]
+        ids = [r["run_id"] for r in chosen]
         console.print(compare_table(store, ids))
-        path = compare(store, ids, Path(ns.html))
-    console.print(f"comparison written to {path}")
+        others = "-".join(r["name"] for r in chosen[1:])[:80]
+        out = (Path(ns.out) if ns.out
+               else output_path(store, chosen[0], f"compare-with-{others}.html"))
+        path = compare(store, ids, out)
+    console.print(f"comparison written to {path}", highlight=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         elif ns.command == "config":
             print(reference())
         elif ns.command == "runs":
-            _list_runs(ns.store, console)
+            return _list_runs(ns, console)
         elif ns.command == "report":
             _report(ns, console)
         elif ns.command == "compare":

@@ -25,6 +25,9 @@ class RunConfig:
         "holds checkpoints; require: fail if there is none; fresh: start at step 0, moving "
         "any checkpoints there aside (renamed, never deleted)"
     )
+    kind: Literal["user", "trial", "control"] = _doc(
+        "user", "who made the run: user; trial or control for the tuner's own runs "
+        "(`tandem runs` lists user runs unless --kind says otherwise)")
     allow_changes: str = _doc(
         "", "settings a resumed run may change although they change the training math: "
         "comma-separated keys (train.global_batch, optim.schedule, train.steps under a "

@@ -21,9 +21,9 @@ from tandem.analyze.scaling import scaling_figures
 from tandem.config import USAGE, Config, load, parse_args, reference, validate
 from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
-from tandem.monitor.recorder import Recorder, new_run_id, record_failure
+from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
-from tandem.monitor.store import store_location
+from tandem.monitor.store import RunStore, store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted
@@ -118,7 +118,7 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
     except (Preempted, UsageError) as err:
         stop(runtime)  # every rank stopped here together: a clean teardown
         if isinstance(err, UsageError):
-            _report_usage(err, config, name, runtime, script)
+            _report_usage(err, runtime, script)
         raise
     except BaseException:
         # This rank failed, perhaps alone: the others may be inside a collective, and a
@@ -143,14 +143,11 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
 # collected again.
 
 
-def _report_usage(err: UsageError, config: Config, name: str, runtime: Runtime,
-                  script: bool) -> None:
-    """Record it in the store; from a script, say it once (the rank that saw it) and exit
-    with status 2."""
+def _report_usage(err: UsageError, runtime: Runtime, script: bool) -> None:
+    """From a script, say it once (the rank that saw it) and exit with status 2. Nothing
+    goes into the run store: a run that never trained is no run (a repeated mistake
+    would fill `tandem runs` with failed rows)."""
     ranks = err.ranks if isinstance(err, PreflightError) else [0]
-    if runtime.is_main:
-        record_failure(store_path(config), name, config.to_dict(), runtime.world_size,
-                       "preflight" if isinstance(err, PreflightError) else "usage", str(err))
     if not script:
         return
     if ranks[0] != 0 and runtime.rank == 0:
@@ -187,6 +184,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
         return _already_complete(trainer, runtime, name)
     lease.claim()
     recorder: Recorder | Fanout | None = None
+    fresh = not trainer.progress.run_id  # a resume keeps its record whatever happens
     if runtime.is_main:
         record_config(config, run_dir)
         trainer.progress.run_id = trainer.progress.run_id or new_run_id(name)
@@ -202,7 +200,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
     reporter = Reporter(recorder, config.train.steps, trainer.state.step,
                         config.monitor.progress, active=runtime.is_main)
     summary: dict[str, Any] | None = None
-    status = "failed"
+    status, refused = "failed", False
     try:
         resumed.report(reporter, runtime.restart_count)
         plan = trainer.plan()
@@ -224,12 +222,24 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
         status = "preempted"
         raise
     except BaseException as err:
+        refused = isinstance(err, UsageError)
         reporter.event(trainer.state.step, "crash", f"{type(err).__name__}: {err}"[:2000])
         raise
     finally:
-        reporter.close(summary, status)
+        reporter.close(summary, status, trainer.state.step)
         if runtime.is_main and status == "completed" and config.monitor.report:
             _write_report(config, trainer.progress.run_id, run_dir)
+        if runtime.is_main and refused and fresh and trainer.state.step == 0:
+            _forget(config, trainer.progress.run_id)
+
+
+def _forget(config: Config, run_id: str) -> None:
+    """Take a run refused before its first step out of the store (its message was said)."""
+    try:
+        with RunStore(store_path(config)) as store:
+            store.delete_run(run_id)
+    except Exception as err:  # the record must never hide the refusal's own message
+        log.warning("run store: could not remove refused run %s: %s", run_id, err)
 
 
 def _write_report(config: Config, run_id: str, run_dir: Path) -> None:
@@ -258,10 +268,10 @@ def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResul
 
 def _scaling(config: Config, run_id: str, summary: dict[str, Any],
              world_size: int) -> dict[str, Any]:
-    """Scaling efficiency against a one-process run of the same work, when the store has one."""
+    """Scaling efficiency against a comparable one-process run, or why there is none."""
     try:
         return scaling_figures(store_path(config), run_id, summary.get("samples_per_s", 0.0),
-                               world_size)
+                               world_size, int(summary.get("steps", 0)))
     except Exception as err:  # an analysis must never fail the run it describes
         log.warning("scaling efficiency: %s", err)
         return {}

@@ -22,7 +22,8 @@ def _gather(store: RunStore, run_ids: Sequence[str]) -> list[dict[str, Any]]:
     for key in run_ids:
         run = store.run(key)
         metrics = store.metrics(run["run_id"])
-        found = verdict(diagnose(metrics, store.events(run["run_id"]), config=run["config"]))
+        found = verdict(diagnose(metrics, store.events(run["run_id"]), config=run["config"],
+                                 plan=run.get("plan"), env=run.get("env")))
         out.append({"run": run, "groups": figures.by_name(metrics),
                     "head": figures.headline(run, metrics),
                     "verdict": found.kind if found else text.DASH})

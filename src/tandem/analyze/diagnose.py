@@ -93,18 +93,20 @@ __all__ = ["COMM_BOUND_SHARE", "COMPUTE_BOUND_SHARE", "INPUT_BOUND_SHARE", "IN_M
 def diagnose(metrics: Iterable[Metric], events: Iterable[Mapping[str, Any]] = (),
              window: tuple[int, int] | None = None,
              config: Mapping[str, Any] | None = None,
-             device: str | None = None) -> list[Finding]:
+             device: str | None = None, plan: Mapping[str, Any] | None = None,
+             env: Mapping[str, Any] | None = None) -> list[Finding]:
     """Findings for one run's metric rows (and events), most severe first.
 
     `window` keeps only steps in (first, last), inclusive. `config` (the run's resolved
     config tree, as stored) lets suggestions quote current values; `device` (the run's,
-    e.g. "cpu" or "cuda:0") keeps GPU advice off other hardware. Returns an empty list
+    e.g. "cpu" or "cuda:0") keeps GPU advice off other hardware; `plan` and `env` (as
+    stored) keep advice about accumulation and nodes off runs without them. Returns an empty list
     when the rows hold nothing to judge.
     """
     rows = in_window(metrics, window)
     chosen = [e for e in events if window is None or window[0] <= e["step"] <= window[1]
               or e["step"] < 0]
-    ctx = Context(by_name(rows), config, device)
+    ctx = Context(by_name(rows), config, device, plan, env)
     found = _performance(ctx)
     if (health := unstable(ctx.groups, chosen, config)) is not None:
         found.append(health)
@@ -123,7 +125,7 @@ def _performance(ctx: Context) -> list[Finding]:
             "cannot name a bottleneck (a clock read in the wrong place, or steps that "
             "overlap); what is known: the step time and throughput")]
     found = [f for f in (input_bound(ctx), communication_bound(ctx), waiting_for_peers(ctx),
-                         memory_bound(ctx.groups), straggler(ctx.groups),
+                         memory_bound(ctx.groups), straggler(ctx),
                          data_imbalance(ctx.groups)) if f is not None]
     if not found and (compute := compute_bound(ctx)) is not None:
         found.append(compute)

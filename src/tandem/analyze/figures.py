@@ -24,7 +24,8 @@ PHASES: tuple[tuple[str, str], ...] = (
 # Names the trainer writes that are not evaluation or user metrics.
 TRAINING_NAMES = frozenset({
     "time/step", "samples_per_s", "tokens_per_s", "loss", "grad_norm", "lr", "loss_scale",
-    "update_ratio", "mfu", "straggler/score", *(name for name, _ in PHASES)})
+    "update_ratio", "mfu", "straggler/score", "grad_noise_scale",
+    *(name for name, _ in PHASES)})
 
 
 def by_name(metrics: Iterable[Metric]) -> dict[str, list[Metric]]:
@@ -131,7 +132,8 @@ def last_finite(values: Sequence[float]) -> float | None:
 
 
 HEADLINE_KEYS = ("steps", "duration_s", "final_loss", "best_loss", "samples_per_s",
-                 "tokens_per_s", "step_s", "mfu", "cuda_peak_bytes", "rss_peak_bytes")
+                 "tokens_per_s", "step_s", "mfu", "cuda_peak_bytes", "rss_peak_bytes",
+                 "grad_noise_scale")
 
 
 def headline(run: Mapping[str, Any], metrics: Sequence[Metric]) -> dict[str, Any]:
@@ -153,6 +155,8 @@ def headline(run: Mapping[str, Any], metrics: Sequence[Metric]) -> dict[str, Any
         "tokens_per_s": steady_median(groups, "tokens_per_s"),
         "step_s": steady_median(groups, "time/step"),
         "mfu": steady_median(groups, "mfu"),
+        # The diagnosis's own reading (find_scale), so that one figure is quoted everywhere.
+        "grad_noise_scale": steady_median(groups, "grad_noise_scale"),
     }
     peaks = stats.finite(m["value"] for m in groups.get("mem/cuda_peak_bytes", ()))
     rss = stats.finite(m["value"] for m in groups.get("mem/rss_bytes", ()))

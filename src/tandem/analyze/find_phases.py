@@ -129,8 +129,11 @@ def compute_bound(ctx: Context) -> Finding | None:
         mfu_text = f", MFU {evidence['mfu']:.0%}"
     else:
         mfu_text = " (MFU unknown: no peak for this device)"
-    suggestions = ["train.micro_batch larger (fewer accumulation steps) if memory allows: "
-                   "bigger kernels run closer to peak"]
+    suggestions = []
+    accumulation = ctx.accumulation
+    if accumulation is not None and accumulation > 1:  # without accumulation: no fewer
+        suggestions.append(f"train.micro_batch larger (fewer than {accumulation} accumulation "
+                           "steps) if memory allows: bigger kernels run closer to peak")
     if ctx.on_gpu and ctx.cfg("precision.mode") in (None, "fp32"):
         suggestions.insert(0, "precision.mode bf16: tensor cores and half the bytes")
     return Finding(

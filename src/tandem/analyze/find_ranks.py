@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from tandem.analyze import stats
 from tandem.analyze.figures import Metric, per_rank, steady
 from tandem.analyze.figures import straggler_scores as _scores
-from tandem.analyze.finding import Finding
+from tandem.analyze.finding import Context, Finding
 
 MEMORY_BOUND_SHARE = 0.90
 STRAGGLER_SCORE = 1.15
@@ -16,6 +16,7 @@ STRAGGLER_WINDOW_SHARE = 0.5
 STRAGGLER_MIN_WINDOWS = 2
 IMBALANCE_RATIO = 2.0
 IMBALANCE_MIN_SHARE = 0.10
+FOREIGN_CORES = 0.5  # cores of other jobs worth naming beside a straggler
 
 
 def memory_bound(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
@@ -50,7 +51,43 @@ def memory_bound(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
 
 
 
-def straggler(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
+def foreign_cores(ctx: Context) -> float | None:
+    """Cores the host spent beyond the run's own processes (other jobs), the median over
+    windows; None where the run recorded no host and process CPU or no core count."""
+    env = ctx.env or {}
+    cores, world = env.get("cpu_count"), env.get("world_size")
+    host = {m["step"]: m["value"] for m in ctx.groups.get("sys/cpu_percent", ())
+            if m["rank"] == -1}
+    proc = {m["step"]: m["value"] for m in ctx.groups.get("sys/process_cpu_percent", ())
+            if m["rank"] == -1}
+    if not isinstance(cores, int) or not isinstance(world, int):
+        return None
+    # On one host every rank's process is on it: beyond world x one rank's CPU is foreign.
+    steps, _ = steady(sorted(set(host) & set(proc)), sorted(set(host) & set(proc)))
+    values = stats.finite(max(0.0, (cores * host[s] - world * proc[s]) / 100.0) for s in steps)
+    return stats.median(values) if values else None
+
+
+def _straggler_advice(ctx: Context, rank: int) -> list[str]:
+    """What to do about a slow rank: a node to exclude only where there are nodes."""
+    advice = [f"check the host of rank {rank}: CPU contention, thermal throttling, a slower "
+              "device or link",
+              "data.workers: a rank short of loader processes waits on its batches"]
+    nodes = ctx.nodes
+    if nodes is not None and nodes > 1:
+        advice.append("exclude or replace that node (torchrun restarts the group at the new "
+                      "size)")
+    elif nodes == 1:
+        foreign = foreign_cores(ctx)
+        other = (f" (other jobs used ~{foreign:.1f} cores beside the run)"
+                 if foreign is not None and foreign >= FOREIGN_CORES else "")
+        advice.append(f"every rank is on this one host{other}: the slow rank is the one other "
+                      "work takes cores from; run on a quieter host or fewer processes")
+    return advice
+
+
+def straggler(ctx: Context) -> Finding | None:
+    groups = ctx.groups
     slow: dict[int, dict[str, float]] = {}
     for rank, by_step in sorted(_scores(groups).items()):
         steps = sorted(by_step)
@@ -77,10 +114,7 @@ def straggler(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
         f"{who} step time {w['median_score']:.2f}x the median over ranks "
         f"(over {STRAGGLER_SCORE:g}x in {w['windows_over']:.0f} of {w['windows']:.0f} "
         f"windows) -> every rank waits for it at each all-reduce",
-        [f"check the host of rank {worst}: CPU contention, thermal throttling, a slower "
-         "device or link",
-         "data.workers: a rank short of loader processes waits on its batches",
-         "exclude or replace that node (torchrun restarts the group at the new size)"])
+        _straggler_advice(ctx, worst))
 
 
 

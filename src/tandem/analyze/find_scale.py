@@ -10,6 +10,7 @@ devices buy throughput, not time) once B >> B_noise.
 
 from __future__ import annotations
 
+from tandem.analyze import text
 from tandem.analyze.figures import steady_median
 from tandem.analyze.finding import Context, Finding
 
@@ -33,7 +34,7 @@ def batch_scaling(ctx: Context) -> Finding | None:
              "past it: a larger batch saves few steps; more processes buy throughput, "
              "not time to a loss" if batch > 2 * noise else
              "near it: a larger batch saves steps, but less than in proportion")
-    message = (f"gradient noise scale ~{noise:.3g} samples against a global batch of "
+    message = (f"gradient noise scale ~{text.number(noise)} samples against a global batch of "
                f"{batch:g} ({where}); doubling the batch would take "
                f"{1 - ratio:.0%} of the steps off, not 50% (McCandlish et al. 2018)")
     return Finding("batch-scaling", "info",

@@ -61,6 +61,8 @@ class Context:
     groups: Mapping[str, Sequence[Metric]]
     config: Mapping[str, Any] | None = None
     device: str | None = None  # "cpu", "cuda:0", ...; None: not known
+    plan: Mapping[str, Any] | None = None  # the run's resolved plan, as stored
+    env: Mapping[str, Any] | None = None  # the run's environment, as stored
 
     @property
     def on_gpu(self) -> bool:
@@ -75,6 +77,24 @@ class Context:
                 return None
             node = node[part]
         return node
+
+    @property
+    def accumulation(self) -> int | None:
+        """Micro-batches per optimizer step, as the run's plan ran them (None: not known;
+        1 when train.micro_batch was left to derive, which never accumulates)."""
+        value = (self.plan or {}).get("accumulation")
+        if isinstance(value, int) and value > 0:
+            return value
+        return 1 if self.cfg("train.micro_batch") == 0 else None
+
+    @property
+    def nodes(self) -> int | None:
+        """Hosts the run spanned (None: not recorded)."""
+        env = self.env or {}
+        world, local = env.get("world_size"), env.get("local_world_size")
+        if not isinstance(world, int) or not isinstance(local, int) or local <= 0:
+            return None
+        return max(1, -(-world // local))
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ def _load(store: RunStore, run_id: str) -> tuple[dict[str, Any], list[dict[str, 
     metrics = store.metrics(run["run_id"])
     events = store.events(run["run_id"])
     device = (run.get("env") or {}).get("device")
-    findings = diagnose(metrics, events, config=run["config"], device=device)
+    findings = diagnose(metrics, events, config=run["config"], device=device,
+                        plan=run.get("plan"), env=run.get("env"))
     return run, metrics, events, with_validations(findings, store.trials(run["run_id"]))
 
 
@@ -43,7 +44,13 @@ def _kpi_items(run: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[st
     duration = head["duration_s"]
     if duration is None:
         duration = time.time() - run["started"]
-    items = [("steps", f"{head['steps']:,}"), ("wall time", text.seconds(duration)),
+    summary = run.get("summary") or {}
+    # Training time alone hides what came before the first step (reading data into
+    # memory, building, compiling): the process's whole time is shown beside it.
+    items = [("steps", f"{head['steps']:,}"), ("training time", text.seconds(duration)),
+             ("end to end", text.seconds(summary.get("end_to_end_s"))),
+             ("of which start-up", text.seconds(summary.get("startup_s"))),
+             ("data loading (in memory)", text.seconds(summary.get("data_load_s"))),
              ("final loss", text.number(head["final_loss"]))]
     evals = [k for k in head if k not in figures.HEADLINE_KEYS]
     items += [(name, text.number(head[name])) for name in evals[:3]]
@@ -51,6 +58,7 @@ def _kpi_items(run: Mapping[str, Any], head: Mapping[str, Any]) -> list[tuple[st
               ("tokens/s", text.number(head["tokens_per_s"])),
               ("step time", text.seconds(head["step_s"])),
               ("MFU", text.share(head["mfu"])),
+              ("grad noise scale", text.number(head["grad_noise_scale"])),
               ("CUDA peak", text.nbytes(head["cuda_peak_bytes"])),
               ("host RSS", text.nbytes(head["rss_peak_bytes"]))]
     return [(label, value) for label, value in items if value != text.DASH]
@@ -77,8 +85,11 @@ def validation_text(f: Finding) -> str:
                 "(tandem report RUN --validate runs its control experiment)")
     low, high = (v.get("interval") or [None, None])[:2]
     spread = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    # The controls compare step throughput (tune/controls.py): what a cause costs each
+    # step, not what removing it costs up front (reading the data into memory).
     return (f"{v['state']}: predicted {v['predicted']:.2f}x, the control measured "
-            f"{v['measured']:.2f}x{spread} over {v.get('runs', '?')} runs")
+            f"{v['measured']:.2f}x{spread} over {v.get('runs', '?')} runs (training steps "
+            "only, not end to end: start-up and data loading are not counted)")
 
 
 def findings_html(findings: Sequence[Finding]) -> str:
@@ -118,6 +129,19 @@ def _header(run: Mapping[str, Any], findings: Sequence[Finding]) -> str:
     return (f"<header><h1>{escape(str(run['name']))}<span class=\"badge s-{escape(status)}\">"
             f"{escape(status)}</span></h1><div class=\"sub\">{escape(' · '.join(bits))}</div>"
             f"{verdict_html}</header>")
+
+
+# Events that say why a run stopped (`usage` and `preflight`: stores from before refused
+# starts were left out of the store).
+ENDINGS = ("crash", "usage", "preflight", "interrupted", "preempted")
+
+
+def ending(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The last event saying why a run that did not complete stopped (None: it completed,
+    or nothing says)."""
+    if run["status"] in ("completed", "running"):
+        return None
+    return next((dict(e) for e in reversed(events) if e["kind"] in ENDINGS), None)
 
 
 def segments(events: Sequence[Mapping[str, Any]]) -> list[list[str]]:
@@ -239,6 +263,10 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
         table.add_row("step time split", ", ".join(
             f"{label} {text.share(v / step)}" for label, v in shares if v is not None))
     console.print(table)
+    if (end := ending(run, events)) is not None:
+        why = str(end["message"]).removeprefix(f"{run['status']}: ")
+        console.print(f"[bold red]{run['status']}[/] at step {end['step']}: {why}",
+                      highlight=False)
     trials = tuning_trials(store, run["run_id"])
     if trials:
         decisions = Table(title="tuning decisions", title_justify="left")

@@ -142,7 +142,8 @@ def diagnose_rows(conn: sqlite3.Connection, run: Mapping[str, Any],
     """tandem.analyze.diagnose on these metric rows of `run`, with all of its events."""
     metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
                for r in rows]
-    return diagnose(metrics, queries.events(conn, run["run_id"]), config=run.get("config"))
+    return diagnose(metrics, queries.events(conn, run["run_id"]), config=run.get("config"),
+                    plan=run.get("plan"), env=run.get("env"))
 
 
 def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:

@@ -69,8 +69,8 @@ class MemoryDataset(Dataset):
                  for s in range(0, n, CHUNK)]
         self.data = _join(parts) if parts else None
         self.size = n
-        log.debug("data.in_memory: %s of %d samples read in %.2f s", name, n,
-                  time.perf_counter() - started)
+        self.load_s = time.perf_counter() - started  # paid before the first step
+        log.debug("data.in_memory: %s of %d samples read in %.2f s", name, n, self.load_s)
 
     def __len__(self) -> int:
         return self.size
@@ -96,6 +96,11 @@ def _first(batch: Any) -> Any:
     if isinstance(batch, list | tuple) and not _is_values(batch):
         return type(batch)(_first(value) for value in batch)
     return batch[0]
+
+
+def load_seconds(*datasets: Dataset | None) -> float:
+    """Seconds spent reading these datasets into memory (0 for those read as they go)."""
+    return sum(d.load_s for d in datasets if isinstance(d, MemoryDataset))
 
 
 def held(dataset: Dataset, cfg: DataConfig, name: str) -> Dataset:

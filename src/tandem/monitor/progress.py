@@ -105,8 +105,9 @@ class Reporter:
         else:
             log.info(message)
 
-    def close(self, summary: dict[str, Any] | None, status: str) -> None:
-        """Stop the bar, print the summary table, finish the run's record."""
+    def close(self, summary: dict[str, Any] | None, status: str, steps: int = 0) -> None:
+        """Stop the bar, print the summary table, finish the run's record (a run that
+        ended without a summary records the `steps` it reached)."""
         if not self.active:
             return
         if self._bar is not None:
@@ -114,7 +115,7 @@ class Reporter:
         if summary is not None:
             print_summary(summary, Console(stderr=True))
         if self.recorder is not None:
-            self.recorder.finish(status, summary or {})
+            self.recorder.finish(status, summary if summary is not None else {"steps": steps})
 
 
 def print_summary(summary: dict[str, Any], console: Console) -> None:

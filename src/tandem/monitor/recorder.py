@@ -58,18 +58,3 @@ class Recorder:
                 store.finish_run(self.run_id, status, summary)
         except Exception as err:  # the record must never hide the run's own outcome
             log.warning("run store: could not record the end of run %s: %s", self.run_id, err)
-
-
-def record_failure(store_path: Path, name: str, config: dict[str, Any], world_size: int,
-                   kind: str, message: str) -> None:
-    """A run that stopped before its first step (a preflight or usage error), recorded as
-    a failed run with one event saying why; never raises."""
-    run_id = new_run_id(name)
-    try:
-        store_path.parent.mkdir(parents=True, exist_ok=True)
-        with RunStore(store_path) as store:
-            store.start_run(run_id, name, config, {}, environment(None, world_size))
-            store.log_event(run_id, 0, -1, kind, message)
-            store.finish_run(run_id, "failed", {"error": message})
-    except Exception as err:  # the record must never hide the message itself
-        log.warning("run store: could not record the failed start of %s: %s", name, err)

@@ -27,8 +27,11 @@ log = logging.getLogger("tandem")
 STORE_ENV = "TANDEM_STORE"  # where runs are recorded when nothing else says
 STORE_FILE = "tandem.db"
 DEFAULT_RUN_DIR = "runs"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
+# Who made a run: the user, or the tuner (a trial of a candidate plan, or a control /
+# placebo run measuring a cause or the noise); `tandem runs` lists user runs by default.
+RUN_KINDS = ("user", "trial", "control")
 # Seconds a connection waits for a lock held by another writer before it gives up.
 BUSY_TIMEOUT_S = 30.0
 
@@ -39,7 +42,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY, name TEXT NOT NULL, started REAL NOT NULL, finished REAL,
     status TEXT NOT NULL, config TEXT NOT NULL, plan TEXT NOT NULL, env TEXT NOT NULL,
-    summary TEXT);
+    summary TEXT, kind TEXT NOT NULL DEFAULT 'user');
 CREATE INDEX IF NOT EXISTS runs_name ON runs (name, started);
 CREATE TABLE IF NOT EXISTS metrics (
     run_id TEXT NOT NULL, step INTEGER NOT NULL, rank INTEGER NOT NULL, name TEXT NOT NULL,
@@ -74,10 +77,19 @@ def _covering_index(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX IF EXISTS metrics_run_name_step")
 
 
+def _run_kinds(conn: sqlite3.Connection) -> None:
+    """Version 3 -> 4: runs get a `kind` (user / trial / control); every run before it
+    counts as the user's."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "kind" not in columns:
+        conn.execute("ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'user'")
+
+
 # version v -> the function that upgrades a v store to v + 1, inside one transaction.
 # A store older than the oldest key is refused.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _rename_trials,
-                                                               2: _covering_index}
+                                                               2: _covering_index,
+                                                               3: _run_kinds}
 
 
 def store_location(explicit: str | Path | None = None,
@@ -86,6 +98,10 @@ def store_location(explicit: str | Path | None = None,
     `<run_dir>/tandem.db`. The one place that decides it."""
     chosen = explicit or os.environ.get(STORE_ENV) or Path(run_dir) / STORE_FILE
     return Path(chosen).expanduser().resolve()
+
+
+# Whether a runs row recorded any metric (it trained), read from the covering index.
+_TRAINED = "EXISTS (SELECT 1 FROM metrics m WHERE m.run_id = runs.run_id)"
 
 
 class StoreVersionError(ValueError):
@@ -202,8 +218,9 @@ class RunStore:
 
     # ------------------------------------------------------------------ writers
     def start_run(self, run_id: str, name: str, config: dict[str, Any], plan: dict[str, Any],
-                  env: dict[str, Any]) -> None:
-        """Record that run `run_id` started.
+                  env: dict[str, Any], kind: str | None = None) -> None:
+        """Record that run `run_id` started; `kind` (RUN_KINDS) defaults to the config's
+        run.kind, else "user".
 
         Starting an id that exists is a resume: the run is marked running again, its
         config, plan and env are replaced, its metrics and `started` time are kept (the
@@ -211,19 +228,23 @@ class RunStore:
         """
         if not run_id:
             raise ValueError("run_id must be a non-empty string")
+        kind = kind or (config.get("run") or {}).get("kind") or "user"
+        if kind not in RUN_KINDS:
+            raise ValueError(f"run.kind {kind!r}: must be one of {', '.join(RUN_KINDS)}")
         now = time.time()
         with self._tx():
             existing = self._conn.execute(
                 "SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
             if existing is None:
                 self._conn.execute(
-                    "INSERT INTO runs VALUES (?, ?, ?, NULL, 'running', ?, ?, ?, NULL)",
-                    (run_id, name, now, _dumps(config), _dumps(plan), _dumps(env)))
+                    "INSERT INTO runs (run_id, name, started, finished, status, config, plan, "
+                    "env, summary, kind) VALUES (?, ?, ?, NULL, 'running', ?, ?, ?, NULL, ?)",
+                    (run_id, name, now, _dumps(config), _dumps(plan), _dumps(env), kind))
                 return
             self._conn.execute(
                 "UPDATE runs SET name=?, finished=NULL, status='running', config=?, plan=?, "
-                "env=? WHERE run_id=?",
-                (name, _dumps(config), _dumps(plan), _dumps(env), run_id))
+                "env=?, kind=? WHERE run_id=?",
+                (name, _dumps(config), _dumps(plan), _dumps(env), kind, run_id))
 
     def log_metrics(self, run_id: str, rows: Iterable[MetricRow]) -> int:
         """Append metric rows (step, rank, name, value, time) in one transaction.
@@ -288,22 +309,52 @@ class RunStore:
         rows = self._conn.execute("SELECT * FROM runs ORDER BY started, run_id").fetchall()
         return [self._run_dict(r) for r in rows]
 
+    def select_runs(self, name: str | None = None, status: str | None = None,
+                    kind: str | None = "user", limit: int | None = None) -> list[dict[str, Any]]:
+        """Runs newest first, those whose name matches the glob `name` (`mnist*`), with
+        `status` and `kind` (None: any), at most `limit` of them."""
+        for field, value, allowed in (("status", status, STATUSES), ("kind", kind, RUN_KINDS)):
+            if value is not None and value not in allowed:
+                raise ValueError(f"--{field} {value!r}: must be one of {', '.join(allowed)}")
+        if limit is not None and limit < 1:
+            raise ValueError(f"--limit {limit}: must be at least 1")
+        where, args = ["1"], []
+        for clause, value in (("name GLOB ?", name), ("status=?", status), ("kind=?", kind)):
+            if value is not None:
+                where.append(clause)
+                args.append(value)
+        sql = f"SELECT * FROM runs WHERE {' AND '.join(where)} ORDER BY started DESC, run_id DESC"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [self._run_dict(r) for r in self._conn.execute(sql, args)]
+
+    def delete_run(self, run_id: str) -> None:
+        """Remove run `run_id` from the store: its row, metrics, events and trials."""
+        with self._tx():
+            for table in ("metrics", "events", "tune_trials", "runs"):
+                self._conn.execute(f"DELETE FROM {table} WHERE run_id=?", (run_id,))
+
     def latest_run(self) -> dict[str, Any]:
-        """The run started last; ValueError when the store holds none."""
+        """The run to show when none is named: the newest user run that trained (recorded
+        a metric), else the newest run; ValueError when the store holds none."""
         row = self._conn.execute(
-            "SELECT * FROM runs ORDER BY started DESC, run_id DESC LIMIT 1").fetchone()
+            f"SELECT * FROM runs ORDER BY kind='user' DESC, {_TRAINED} DESC, started DESC, "
+            "run_id DESC LIMIT 1").fetchone()
         if row is None:
             raise ValueError(f"the run store {self.path} holds no run yet")
         return self._run_dict(row)
 
     def run(self, run_id_or_name_prefix: str) -> dict[str, Any]:
-        """One run, by exact id, exact name (latest wins), or unique prefix of an id."""
+        """One run, by exact id, exact name (the newest that trained, else the newest), or
+        unique prefix of an id."""
         key = run_id_or_name_prefix
         row = self._conn.execute("SELECT * FROM runs WHERE run_id=?", (key,)).fetchone()
         if row is None:
+            # A name's newest row may be a start that stopped before its first step (a
+            # store written before those were left out): the run that trained is meant.
             row = self._conn.execute(
-                "SELECT * FROM runs WHERE name=? ORDER BY started DESC LIMIT 1",
-                (key,)).fetchone()
+                f"SELECT * FROM runs WHERE name=? ORDER BY {_TRAINED} DESC, started DESC "
+                "LIMIT 1", (key,)).fetchone()
         if row is not None:
             return self._run_dict(row)
         escaped = key.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
@@ -417,11 +468,19 @@ def environment(device: str | None = None, world_size: int | None = None) -> dic
                              else int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:
         env["world_size"] = 1
+    # Processes on this host (torchrun sets it): world / local is the hosts the run spans.
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    if local and local.isdigit():
+        env["local_world_size"] = int(local)
+    elif env["world_size"] == 1:
+        env["local_world_size"] = 1
     try:
         env["host"] = socket.gethostname()
     except OSError:
         env["host"] = None
     env["cpu_count"] = os.cpu_count()
+    # run.dir is relative to it: where the run's folder is, read from another folder
+    env["cwd"] = os.getcwd()
     env["script"] = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
     env["git_commit"] = _git_commit()
     return env

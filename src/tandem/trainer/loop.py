@@ -16,7 +16,7 @@ from tandem.checkpoint import CheckpointManager, ModelWeights, OptimizerState
 from tandem.config import Config, parse_ramp, parse_target
 from tandem.config_values import target_met
 from tandem.data.loader import to_device, train_batches
-from tandem.data.memory import held
+from tandem.data.memory import held, load_seconds
 from tandem.data.sampler import GlobalBatchSampler, check_sizes, split_batch
 from tandem.data.seqlen import SeqRamp
 from tandem.faults import FaultPlan
@@ -24,6 +24,7 @@ from tandem.losses import training_task
 from tandem.monitor.heartbeat import Heartbeat
 from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
+from tandem.monitor.system import process_times
 from tandem.optim.schedule import LrController
 from tandem.parallel import build_strategy
 from tandem.parallel.mesh import layout
@@ -396,12 +397,15 @@ class Trainer:
             "micro_batch": self.micro,
             "accumulation": self.accum,
             "wall_time_s": progress.elapsed_s,
+            **process_times(self.started_at),
             "eval_time_s": self.eval_s,
             "calibration_s": self.calibration.seconds,
             "samples_per_s": progress.samples / progress.train_s if progress.train_s else 0.0,
             **self.monitor.percentiles(),
             **self.last_eval,
         }
+        if cfg.data.in_memory:  # part of startup_s: what reading the data up front cost
+            summary["data_load_s"] = load_seconds(self.dataset, self.eval_dataset)
         if self.task.tokens_per_sample:
             summary["tokens_per_s"] = summary["samples_per_s"] * self.task.tokens_per_sample
         if self.started_at is not None:  # this attempt's first step (time.time())

@@ -37,7 +37,10 @@ from tandem.tune.stats import WindowFigure, run_rates
 # Flags every trial sets itself; the same flags among the script's own are dropped.
 OWN_FLAGS = ("train.steps", "monitor.log_every", "run.dir", "run.name", "run.resume",
              "monitor.store", "monitor.progress", "monitor.report", "checkpoint.at_end",
-             "monitor.calibrate_at")
+             "monitor.calibrate_at", "run.kind")
+# Run names end in the arm's tag; these tags' runs measure noise or a cause (run.kind
+# control), every other trial run is a trial (`tandem runs` lists neither by default).
+CONTROL_TAGS = ("placebo", "control")
 CALIBRATE_AT = 1  # the link's cost is measured in the first window, which warm-up drops
 TAIL_CHARS = 2000
 POLL_S = 1.0  # how often a watched run is looked at
@@ -62,6 +65,11 @@ class RunOutcome:
     def figures(self) -> dict[str, float]:
         """The run's steady throughput, {'wall': samples/s, 'step': samples/s}."""
         return run_rates(self.windows)
+
+
+def run_kind(name: str, control: str) -> str:
+    """run.kind of a trial run: control for a control or placebo arm's run, else trial."""
+    return "control" if control or name.rsplit("-", 1)[-1] in CONTROL_TAGS else "trial"
 
 
 def plan_toml(changes: Mapping[str, Any], header: Sequence[str] = ()) -> str:
@@ -127,7 +135,8 @@ class TrialRunner:
                "--run.resume", "never", "--monitor.store", str(self.store_path),
                "--monitor.progress", "off", "--monitor.report", "false",
                "--checkpoint.at_end", "false",
-               "--monitor.calibrate_at", str(calibrate_at)]
+               "--monitor.calibrate_at", str(calibrate_at),
+               "--run.kind", run_kind(name, control)]
         if eval_every is not None:
             cmd += ["--train.eval_every", str(eval_every)]
         return cmd
