@@ -14,6 +14,7 @@ from rich.table import Table
 
 from tandem import launch
 from tandem.config import reference
+from tandem.monitor.catalogue import LOSS
 
 
 def _store_arg(parser: argparse.ArgumentParser) -> None:
@@ -87,7 +88,7 @@ def _list_runs(store_path: str | None, console: Console) -> None:
         for run in reversed(store.runs()):
             summary = run.get("summary") or {}
             env = run.get("env") or {}
-            loss = store.metrics(run["run_id"], name="loss", rank=-1)
+            loss = store.metrics(run["run_id"], name=LOSS, rank=-1)
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run["started"]))
             table.add_row(run["run_id"], started, run["name"], run["status"],
                           str(env.get("world_size", "")), str(summary.get("steps", "")),

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.monitor.store import RunStore
+from tandem.status import RunStatus
 
 log = logging.getLogger("tandem")
 
@@ -28,7 +29,7 @@ def reference_run(store: RunStore, run_id: str) -> dict[str, Any] | None:
         return None
     best = None
     for other in store.runs():
-        if other["run_id"] == run_id or other.get("status") != "completed":
+        if other["run_id"] == run_id or other.get("status") != RunStatus.COMPLETED:
             continue
         if (other.get("plan") or {}).get("world_size") != 1:
             continue

@@ -11,6 +11,7 @@ from typing import Any
 from tandem.monitor.live import Window
 from tandem.monitor.store import RunStore, environment
 from tandem.monitor.writer import StoreWriter
+from tandem.status import RunStatus
 
 log = logging.getLogger("tandem")
 
@@ -70,6 +71,6 @@ def record_failure(store_path: Path, name: str, config: dict[str, Any], world_si
         with RunStore(store_path) as store:
             store.start_run(run_id, name, config, {}, environment(None, world_size))
             store.log_event(run_id, 0, -1, kind, message)
-            store.finish_run(run_id, "failed", {"error": message})
+            store.finish_run(run_id, RunStatus.FAILED, {"error": message})
     except Exception as err:  # the record must never hide the message itself
         log.warning("run store: could not record the failed start of %s: %s", name, err)

@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.clocks import Mark
+from tandem.monitor.catalogue import COMM_BUCKETS_PER_STEP, COMM_BYTES_PER_STEP
 from tandem.parallel import hooks, host_allreduce
 from tandem.parallel.hierarchical import register_hierarchical
 from tandem.parallel.host_allreduce import SharedMemoryGroup
@@ -100,8 +101,8 @@ class DDPStrategy(Strategy):
         """What the comm hook sent per step (DDP's own all-reduce: from the sizes)."""
         stats = self.stats
         if stats is not None and stats.steps:
-            return {"comm/bytes_per_step": stats.bytes_per_step(),
-                    "comm/buckets_per_step": float(stats.buckets)}
+            return {COMM_BYTES_PER_STEP: stats.bytes_per_step(),
+                    COMM_BUCKETS_PER_STEP: float(stats.buckets)}
         return {}
 
     def take_comm_mark(self) -> Mark | None:

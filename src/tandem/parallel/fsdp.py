@@ -13,6 +13,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.blocks import find_blocks
 from tandem.parallel.strategy import Build, Pass, Strategy
 
@@ -139,7 +140,7 @@ class FSDPStrategy(Strategy):
         assert self.model is not None, "wrap() first"
         plan = self.plan
         accum = max(1, round(micro_batches / max(steps, 1)))
-        return {"comm/bytes_per_step": bytes_per_step(
+        return {COMM_BYTES_PER_STEP: bytes_per_step(
             self.model, self.runtime.world_size, accum, plan.fsdp_reshard,
             DTYPES[plan.fsdp_param_dtype], DTYPES[plan.fsdp_reduce_dtype])}
 

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.strategy import Strategy
 
 
@@ -125,7 +126,7 @@ class LowCommStrategy(Strategy):
         assert self.meetings is not None, "wrap() first"
         if not steps:
             return {}
-        return {"comm/bytes_per_step": self.meetings.take_bytes() / steps}
+        return {COMM_BYTES_PER_STEP: self.meetings.take_bytes() / steps}
 
     def state_dict(self) -> dict[str, Any]:
         """DiLoCo's outer parameters and momentum (kept for local SGD too: one format)."""

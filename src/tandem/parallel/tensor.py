@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.fsdp import gather
 from tandem.parallel.mesh import Layout, layout  # noqa: F401 - re-exported
 from tandem.parallel.strategy import Build, Strategy
@@ -156,7 +157,7 @@ class TensorParallelStrategy(Strategy):
         """The data-parallel all-reduce's bytes per step (see the module docstring)."""
         if self.sync is None or not self.sync.steps:
             return {}
-        return {"comm/bytes_per_step": self.sync.bytes_per_step()}
+        return {COMM_BYTES_PER_STEP: self.sync.bytes_per_step()}
 
     def export_model(self, build: Build) -> nn.Module:
         """The full weights gathered into a fresh plain module."""
