@@ -17,6 +17,7 @@ from tandem.monitor.catalogue import COMM_BUCKETS_PER_STEP, COMM_BYTES_PER_STEP
 from tandem.parallel import hooks, host_allreduce
 from tandem.parallel.hierarchical import register_hierarchical
 from tandem.parallel.host_allreduce import SharedMemoryGroup
+from tandem.parallel.registry import DDP, StrategyInfo
 from tandem.parallel.strategy import Build, Pass, Strategy, fresh_copy
 
 log = logging.getLogger("tandem")
@@ -25,7 +26,8 @@ log = logging.getLogger("tandem")
 class DDPStrategy(Strategy):
     """Every rank holds a replica; DDP all-reduces gradient buckets during backward."""
 
-    name: ClassVar[str] = "ddp"
+    info: ClassVar[StrategyInfo] = DDP
+    name: ClassVar[str] = DDP.name
     identical_replicas: ClassVar[bool] = True
     syncs_each_backward: ClassVar[bool] = True
 

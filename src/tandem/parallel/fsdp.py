@@ -15,6 +15,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.blocks import find_blocks
+from tandem.parallel.registry import FSDP, StrategyInfo
 from tandem.parallel.strategy import Build, Pass, Strategy
 
 log = logging.getLogger("tandem")
@@ -118,7 +119,8 @@ DTYPES: dict[str, torch.dtype | None] = {
 class FSDPStrategy(Strategy):
     """FSDP2: parameters, gradients and optimizer state sharded over the ranks."""
 
-    name: ClassVar[str] = "fsdp"
+    info: ClassVar[StrategyInfo] = FSDP
+    name: ClassVar[str] = FSDP.name
     shards_weights: ClassVar[bool] = True
     syncs_each_backward: ClassVar[bool] = True
     wraps_meta: ClassVar[bool] = True

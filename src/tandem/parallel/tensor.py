@@ -38,6 +38,7 @@ from torch.distributed.tensor.parallel import (
 from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.fsdp import gather
 from tandem.parallel.mesh import Layout, layout  # noqa: F401 - re-exported
+from tandem.parallel.registry import TP, StrategyInfo
 from tandem.parallel.strategy import Build, Strategy
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -125,7 +126,8 @@ class TensorParallelStrategy(Strategy):
     """Data x tensor parallel: the task's named layers split inside each group of `tp`
     ranks, gradients averaged over the data-parallel group after backward."""
 
-    name: ClassVar[str] = "tp"
+    info: ClassVar[StrategyInfo] = TP
+    name: ClassVar[str] = TP.name
     wraps_meta: ClassVar[bool] = True
 
     sync: GradientSync | None = None
