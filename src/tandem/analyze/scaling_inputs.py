@@ -31,9 +31,10 @@ from tandem.monitor.catalogue import (
     TIME_SYNC_WAIT,
 )
 from tandem.monitor.store import RunStore
+from tandem.parallel.registry import DDP, SINGLE
 
 # Plans whose step the model describes: one replica per rank, gradients all-reduced.
-MODELLED_STRATEGIES = ("single", "ddp")
+MODELLED_STRATEGIES = (SINGLE.name, DDP.name)
 
 
 def _job(groups: Mapping[str, Sequence[Metric]], name: str) -> dict[int, float]:
@@ -71,7 +72,7 @@ def _per_window(groups: Mapping[str, Sequence[Metric]], name: str,
 
 def _check_plan(run: Mapping[str, Any]) -> None:
     plan, config = run.get("plan") or {}, run.get("config") or {}
-    strategy = plan.get("strategy", "single")
+    strategy = plan.get("strategy", SINGLE.name)
     if strategy not in MODELLED_STRATEGIES:
         raise ValueError(f"plan.strategy {strategy!r}: the scaling model describes "
                          f"{' and '.join(MODELLED_STRATEGIES)} runs only")

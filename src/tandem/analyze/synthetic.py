@@ -34,6 +34,7 @@ from tandem.monitor.catalogue import (
     TOKENS_PER_S,
 )
 from tandem.monitor.store import MetricRow, RunStore
+from tandem.parallel.registry import DDP
 from tandem.status import RunStatus
 
 DEFAULT_SHARES = {TIME_DATA: 0.05, TIME_H2D: 0.03, TIME_COMPUTE: 0.65,
@@ -123,8 +124,8 @@ def write_synthetic(store: RunStore, run_id: str, name: str, spec: Synthetic,
            "python": "3.11"}
     cfg = dict(config or {"train": {"steps": spec.steps, "global_batch": spec.global_batch},
                           "data": {"workers": 2, "prefetch": 2},
-                          "plan": {"strategy": "ddp", "bucket_mb": 25.0}})
-    store.start_run(run_id, name, cfg, {"strategy": "ddp", "world_size": spec.world_size}, env)
+                          "plan": {"strategy": DDP.name, "bucket_mb": 25.0}})
+    store.start_run(run_id, name, cfg, {"strategy": DDP.name, "world_size": spec.world_size}, env)
     rows = synthetic_rows(spec)
     store.log_metrics(run_id, rows)
     if spec.nan_at is not None:

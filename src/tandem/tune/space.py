@@ -119,7 +119,7 @@ def check(base: Mapping[str, Any], changes: Mapping[str, Any], world: int = 1) -
 
 
 def _ddp(base: Mapping[str, Any], world: int) -> bool:
-    return (world > 1 and str(base.get("plan.strategy", "auto")) in HOOKED_STRATEGIES
+    return (world > 1 and str(base.get("plan.strategy", strategies.AUTO.name)) in HOOKED_STRATEGIES
             and int(base.get("plan.tp", 1) or 1) == 1)
 
 
@@ -150,7 +150,7 @@ def memory_remedies(base: Mapping[str, Any], reason: str, world: int) -> list[Ca
     out = []
     if _have("plan.activation_checkpointing") and not base.get("plan.activation_checkpointing"):
         out.append(Candidate({"plan.activation_checkpointing": True}, "memory", reason))
-    if world > 1 and str(base.get("plan.strategy", "auto")) in HOOKED_STRATEGIES:
+    if world > 1 and str(base.get("plan.strategy", strategies.AUTO.name)) in HOOKED_STRATEGIES:
         out.append(Candidate({"plan.strategy": strategies.FSDP.name, "plan.comm_hook": "none"},
                              "memory", reason))
     return out
