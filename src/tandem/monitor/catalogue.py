@@ -7,8 +7,9 @@ imports the constant from here, so a renamed or misspelt metric fails at import,
 as an empty chart. The dashboard's scripts receive the same table (`as_json`), served
 by the dashboard. Names are stored strings: changing one breaks existing run stores.
 
-Besides the names listed, a run writes `eval_<name>` for each evaluation metric
-(`eval_loss` and the task's own metrics) and the task's own training metrics.
+Besides the names listed, a run writes the task's own evaluation metrics under their
+own names (`Task.metrics`: plain names without a `/`, which keeps them apart from the
+measured figures here).
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ UPDATE_RATIO = _metric("update_ratio", "",
 MFU = _metric("mfu", "fraction", "model FLOPs utilisation: achieved FLOP/s over the peak")
 GRAD_NOISE_SCALE = _metric("grad_noise_scale", "samples",
                            "gradient noise scale (critical batch estimate)")
-EVAL_PREFIX = "eval_"  # evaluation metrics are stored as eval_<name>
 EVAL_LOSS = _metric("eval_loss", "", "loss on the evaluation data")
 
 # ---------------------------------------------------------------- step time and phases
