@@ -22,13 +22,13 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 
-from tandem.errors import USAGE_EXIT_CODE
 from tandem.local_agent import describe
+from tandem.status import ExitStatus
 
 
 def _quiet_usage_exits(record: logging.LogRecord) -> bool:
     """Drop torchrun's own line about a worker that exited with a usage error."""
-    return f"(exitcode: {USAGE_EXIT_CODE})" not in record.getMessage()
+    return f"(exitcode: {ExitStatus.USAGE})" not in record.getMessage()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         code = failure.exitcode if failure.exitcode is not None else 1
-        if code != USAGE_EXIT_CODE:
+        if code != ExitStatus.USAGE:
             sys.stderr.write(f"tandem: {describe(rank, failure.pid, code)}; its own "
                              "message is above\n")
         return code if code > 0 else 1

@@ -27,6 +27,7 @@ from tandem.config_values import (  # noqa: F401 - re-exported
     parse_seq_ramp,
     parse_target,
 )
+from tandem.parallel import registry as strategies
 
 # Bounds that a type alone cannot say: field -> (minimum, human description).
 _MINIMUM: dict[str, tuple[float, str]] = {
@@ -139,19 +140,23 @@ def validate(config: Config) -> Config:
             raise ValueError(f"{path}: {value!r} is out of range; expected {allowed}")
     if not 0 < config.plan.topk_ratio <= 1:
         raise ValueError(f"plan.topk_ratio: {config.plan.topk_ratio!r} must be in (0, 1]")
-    if config.plan.comm_hook != "none" and config.plan.strategy not in ("auto", "ddp"):
+    hooked = strategies.names("takes_comm_hook")
+    if config.plan.comm_hook != "none" and config.plan.strategy not in hooked:
         raise ValueError(
             f"plan.comm_hook: {config.plan.comm_hook!r} applies to DDP; with plan.strategy "
-            f"{config.plan.strategy!r} leave it 'none' (fsdp: set plan.fsdp_reduce_dtype)"
+            f"{config.plan.strategy!r} leave it 'none' ({strategies.FSDP.name}: set "
+            "plan.fsdp_reduce_dtype)"
         )
     if config.plan.host_allreduce == "shared_memory" and (
-            config.plan.comm_hook != "none" or config.plan.strategy not in ("auto", "ddp")
+            config.plan.comm_hook != "none"
+            or config.plan.strategy not in strategies.names("takes_host_allreduce")
             or config.plan.tp > 1):
         raise ValueError(
             "plan.host_allreduce: 'shared_memory' carries DDP's plain gradient all-reduce; "
             f"with plan.strategy {config.plan.strategy!r}, plan.comm_hook "
             f"{config.plan.comm_hook!r} and plan.tp {config.plan.tp} use 'auto' or 'backend' "
-            "(it needs strategy auto/ddp, comm_hook 'none' and tp 1)")
+            f"(it needs strategy {'/'.join(strategies.names('takes_host_allreduce'))}, "
+            "comm_hook 'none' and tp 1)")
     if config.optim.min_lr_ratio > 1:
         raise ValueError(f"optim.min_lr_ratio: {config.optim.min_lr_ratio} must be <= 1")
     if not 0 < config.optim.pct_start < 1:
@@ -183,15 +188,16 @@ def validate(config: Config) -> Config:
                          f"{config.optim.momentum_max}: need 0 <= min <= max < 1")
     if (mb := config.plan.malloc_threshold_mb) > 32:
         raise ValueError(f"plan.malloc_threshold_mb: {mb} is above glibc's limit of 32 (MiB)")
-    if config.plan.tp > 1 and config.plan.strategy not in ("auto", "ddp"):
+    if config.plan.tp > 1 and config.plan.strategy not in strategies.names("takes_tp"):
         raise ValueError(f"plan.tp: {config.plan.tp} combines tensor parallelism with plain "
                          f"data parallelism; plan.strategy {config.plan.strategy!r} does not "
-                         "compose with it here: use 'auto' or 'ddp'")
+                         "compose with it here: use "
+                         f"{strategies.either(strategies.names('takes_tp'))}")
     if config.plan.tp > 1 and config.plan.comm_hook != "none":
         raise ValueError(f"plan.comm_hook: {config.plan.comm_hook!r} is a DDP hook; with "
                          f"plan.tp {config.plan.tp} the gradients are averaged by tandem's own "
                          "all-reduce: leave it 'none'")
-    if config.plan.strategy in ("localsgd", "diloco"):
+    if config.plan.strategy in strategies.names("meets_every"):
         _check_low_communication(config)
     if config.monitor.prometheus_port < -1 or config.monitor.prometheus_port > 65535:
         raise ValueError(f"monitor.prometheus_port: {config.monitor.prometheus_port} must be "

@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from tandem.parallel import registry as strategies
+
 
 def _doc(default: Any, doc: str) -> Any:
     return field(default=default, metadata={"doc": doc})
@@ -102,12 +104,8 @@ class DataConfig:
 class PlanConfig:
     """How the model is spread over processes."""
 
-    strategy: Literal["auto", "single", "ddp", "fsdp", "localsgd", "diloco"] = _doc(
-        "auto", "auto: no wrapper for one process, DDP for more; single; ddp; fsdp (FSDP2: "
-        "parameters, gradients and optimizer state sharded over the processes); localsgd "
-        "(average the replicas every sync_every steps); diloco (outer Nesterov step on the "
-        "averaged change every sync_every steps)"
-    )
+    # The allowed values and their help come from the strategies' registry.
+    strategy: Literal[strategies.CHOICES] = _doc(strategies.AUTO.name, strategies.help_text())
     sync_every: int = _doc(8, "localsgd/diloco: optimizer steps between meetings (H)")
     outer_lr: float = _doc(0.7, "diloco: learning rate of the outer Nesterov step")
     outer_momentum: float = _doc(0.9, "diloco: momentum of the outer Nesterov step")

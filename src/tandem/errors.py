@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-USAGE_EXIT_CODE = 2  # a mistake in the command, the config or the task: fix it, run again
+from tandem.status import ExitStatus
+
+USAGE_EXIT_CODE = ExitStatus.USAGE  # the name callers know; the value lives in ExitStatus
 
 
 class UsageError(ValueError):

@@ -19,12 +19,13 @@ from torch import nn
 
 from tandem.analyze.scaling import scaling_figures
 from tandem.config import USAGE, Config, load, parse_args, reference, validate
-from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
+from tandem.errors import PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
 from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
 from tandem.monitor.store import RunStore, store_location
 from tandem.runtime import Runtime, start, stop
+from tandem.status import ExitStatus, RunStatus
 from tandem.task import Task
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted
 from tandem.trainer.loop import Trainer, export_model
@@ -101,7 +102,7 @@ def _usage_exit(message: str, speak: bool) -> None:
         status_file = os.environ.get(STATUS_FILE_ENV)
         if status_file:
             Path(status_file).write_text("usage 0\n")
-    raise SystemExit(USAGE_EXIT_CODE)
+    raise SystemExit(ExitStatus.USAGE)
 
 
 def _run(task: Task, config: Config, script: bool) -> RunResult:
@@ -200,7 +201,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
     reporter = Reporter(recorder, config.train.steps, trainer.state.step,
                         config.monitor.progress, active=runtime.is_main)
     summary: dict[str, Any] | None = None
-    status, refused = "failed", False
+    status, refused = RunStatus.FAILED, False
     try:
         resumed.report(reporter, runtime.restart_count)
         plan = trainer.plan()
@@ -213,13 +214,13 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
         if runtime.is_main:
             summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        status = "completed"
+        status = RunStatus.COMPLETED
         return RunResult(model=export_model(trainer), summary=summary, run_dir=run_dir)
     except Interrupted:
-        status = "interrupted"
+        status = RunStatus.INTERRUPTED
         raise
     except Preempted:
-        status = "preempted"
+        status = RunStatus.PREEMPTED
         raise
     except BaseException as err:
         refused = isinstance(err, UsageError)
@@ -227,7 +228,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
         raise
     finally:
         reporter.close(summary, status, trainer.state.step)
-        if runtime.is_main and status == "completed" and config.monitor.report:
+        if runtime.is_main and status == RunStatus.COMPLETED and config.monitor.report:
             _write_report(config, trainer.progress.run_id, run_dir)
         if runtime.is_main and refused and fresh and trainer.state.step == 0:
             _forget(config, trainer.progress.run_id)

@@ -19,13 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from tandem.errors import USAGE_EXIT_CODE
-from tandem.trainer.guard import (
-    INTERRUPTED_EXIT_CODE,
-    PREEMPTED_EXIT_CODE,
-    SAME_PRESS_S,
-    STATUS_FILE_ENV,
-)
+from tandem.status import ExitStatus, RunStatus
+from tandem.trainer.guard import SAME_PRESS_S, STATUS_FILE_ENV
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -212,14 +207,14 @@ def _kill_tree(pid: int) -> None:
 
 def _outcome(status: list[str], code: int) -> int:
     """The job's exit status, with a line saying how to go on where that helps."""
-    if status and status[0] == "preempted":
+    if status and status[0] == RunStatus.PREEMPTED:
         print(f"tandem: preempted at step {status[1]}; the checkpoint is committed - run "
               "the same command again to continue", file=sys.stderr)
-        return PREEMPTED_EXIT_CODE
-    if status and status[0] == "interrupted":
+        return ExitStatus.PREEMPTED
+    if status and status[0] == RunStatus.INTERRUPTED:
         print(f"tandem: interrupted at step {status[1]}; the checkpoint is committed - run "
               "the same command again to continue", file=sys.stderr)
-        return INTERRUPTED_EXIT_CODE
+        return ExitStatus.INTERRUPTED
     if status and status[0] == "usage":
-        return USAGE_EXIT_CODE
+        return ExitStatus.USAGE
     return code

@@ -59,7 +59,7 @@ _wire = _sibling("forkwire")
 FORKSERVER_ENV, read_message, send_message = (_wire.FORKSERVER_ENV, _wire.read_message,
                                               _wire.send_message)
 
-USAGE_EXIT_CODE = 2  # tandem.errors.USAGE_EXIT_CODE (not imported: that imports torch)
+ExitStatus = _sibling("status").ExitStatus
 STOP_TIMEOUT_S = 30.0  # torchrun's own grace before SIGKILL
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 HOST = "127.0.0.1"
@@ -291,7 +291,7 @@ def run(command: list[str], nproc: int, max_restarts: int, interval: float) -> i
             sys.stderr.write(f"tandem: {describe(rank, proc.pid, code)}; restarting the group "
                              f"({restart} of {max_restarts} restarts)\n")
             continue
-        if code != USAGE_EXIT_CODE:
+        if code != ExitStatus.USAGE:
             sys.stderr.write(f"tandem: {describe(rank, proc.pid, code)}; its own message "
                              "is above\n")
         return code if code > 0 else 1

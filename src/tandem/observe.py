@@ -45,11 +45,21 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from tandem.monitor.catalogue import (
+    MEM_CUDA_PEAK,
+    MEM_CUDA_TOTAL,
+    SAMPLES_PER_S,
+    STRAGGLER_SCORE,
+    TIME_BACKWARD_SYNC,
+    TIME_FORWARD,
+    TIME_STEP,
+)
 from tandem.monitor.detect import HealthDetectors
 from tandem.monitor.live import Window
 from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.monitor.store import store_location
 from tandem.monitor.window import Row, gather, gather_device, rank_rows
+from tandem.status import RunStatus
 
 log = logging.getLogger("tandem")
 
@@ -264,13 +274,13 @@ class StepObserver:
         seconds = max(c["seconds"] for c in cols)
         steps = max(c["steps"] for c in cols)
         step_time = seconds / steps
-        rows: list[Row] = [(step, -1, "time/step", step_time),
+        rows: list[Row] = [(step, -1, TIME_STEP, step_time),
                            (step, -1, "steps_per_s", 1.0 / step_time if step_time > 0 else 0.0)]
         rate = 0.0
         if all(c["samples"] > 0 for c in cols) and seconds > 0:
             # A local window knows only this rank's batches: assume equal ones (DDP).
             rate = sum(c["samples"] for c in cols) * (self.world / len(cols)) / seconds
-            rows.append((step, -1, "samples_per_s", rate))
+            rows.append((step, -1, SAMPLES_PER_S, rate))
             self._job["samples"] += rate * seconds
             self._job["seconds"] += seconds
         # A score needs every rank: a local window (the group gone) knows only its own.
@@ -287,16 +297,16 @@ class StepObserver:
                          [c["rss"] for c in cols], scores=scores)
         for rank, c in zip(ranks, cols, strict=True):
             if timed:
-                rows += [(step, rank, "time/forward", c["forward"] / c["steps"]),
-                         (step, rank, "time/backward_sync", c["backward"] / c["steps"])]
+                rows += [(step, rank, TIME_FORWARD, c["forward"] / c["steps"]),
+                         (step, rank, TIME_BACKWARD_SYNC, c["backward"] / c["steps"])]
             if c["cuda_total"] > 0:
-                rows += [(step, rank, "mem/cuda_peak_bytes", c["cuda_peak"]),
-                         (step, rank, "mem/cuda_total_bytes", c["cuda_total"])]
+                rows += [(step, rank, MEM_CUDA_PEAK, c["cuda_peak"]),
+                         (step, rank, MEM_CUDA_TOTAL, c["cuda_total"])]
         return rows
 
     def _log(self, window: Window) -> None:
-        scores = {r: v for _, r, name, v in window.rows if name == "straggler/score"}
-        step_time = next(v for _, r, n, v in window.rows if r == -1 and n == "time/step")
+        scores = {r: v for _, r, name, v in window.rows if name == STRAGGLER_SCORE}
+        step_time = next(v for _, r, n, v in window.rows if r == -1 and n == TIME_STEP)
         worst = max(scores, key=scores.__getitem__) if len(scores) > 1 else None
         slowest = "" if worst is None else f"  slowest rank {worst} ({scores[worst]:.2f})"
         log.info("observe: step %d  %.2f ms/step  %s samples/s%s", window.step,
@@ -360,12 +370,12 @@ def run(script: Path, args: list[str], every: int = DEFAULT_EVERY) -> None:
     observer.install()
     sys.argv = [str(script), *args]
     sys.path[0] = str(script.resolve().parent)  # as `python SCRIPT` would: its own imports
-    status = "failed"
+    status = RunStatus.FAILED
     try:
         runpy.run_path(str(script), run_name="__main__")
-        status = "completed"
+        status = RunStatus.COMPLETED
     except SystemExit as exit_:
-        status = "completed" if exit_.code in (None, 0) else "failed"
+        status = RunStatus.COMPLETED if exit_.code in (None, 0) else RunStatus.FAILED
         raise
     finally:
         observer.finish(status)

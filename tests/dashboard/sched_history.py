@@ -25,6 +25,7 @@ from tandem.sched import lifecycle
 from tandem.sched.jobstore import SchedStore
 from tandem.sched.measured import read
 from tandem.sched.records import Attempt, JobRecord
+from tandem.status import ExitStatus
 
 SERVICE_FACTS = "pid 4242 on testhost, backend local (1 x 4 slots), policy goodput"
 
@@ -102,7 +103,7 @@ def write_history(path: Path, tmp: Path) -> History:
                               {"j1": "resize 4 -> 2", "j2": "start on 2"})
         stop(store, "j1", a1, "resize", 2, t0 + 30)
         runs.log_event("run-alpha", 300, -1, "preempted", "stop requested", time_s=t0 + 32.5)
-        assert settle(store, "j1", a1, lifecycle.PREEMPTED_EXIT_CODE, t0 + 33, log) == "stopping"
+        assert settle(store, "j1", a1, ExitStatus.PREEMPTED, t0 + 33, log) == "stopping"
         a2 = launch(store, "j1", 2, 2, t0 + 34)
         launch(store, "j2", 1, 2, t0 + 34)
         runs.log_event("run-alpha", 300, -1, "resume", "resumed from step 300", time_s=t0 + 40)

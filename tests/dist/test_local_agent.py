@@ -94,7 +94,7 @@ def test_the_agent_does_not_import_tandem_or_torch() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert local_agent.USAGE_EXIT_CODE == USAGE_EXIT_CODE
+    assert local_agent.ExitStatus.USAGE == USAGE_EXIT_CODE
 
 
 def test_a_loopback_store_listens_on_the_loopback_address_only() -> None:

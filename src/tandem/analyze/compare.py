@@ -12,6 +12,7 @@ from rich.table import Table
 
 from tandem.analyze import figures, html, panels, svg, text
 from tandem.analyze.diagnose import diagnose, verdict
+from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP
 from tandem.monitor.store import RunStore
 
 
@@ -106,10 +107,10 @@ def render_compare(store: RunStore, run_ids: Sequence[str]) -> str:
                             [[label, *values] for label, values in rows],
                             numeric=[False] + [True] * len(gathered))
     evals = sorted({n for g in gathered for n in figures.eval_names(g["groups"])})
-    charts = [_overlay(gathered, "loss", "Loss", "data-loss"),
+    charts = [_overlay(gathered, LOSS, "Loss", "data-loss"),
               *[_overlay(gathered, n, n, f"data-eval-{n}") for n in evals[:4]],
-              _overlay(gathered, "samples_per_s", "Throughput (samples/s)", "data-throughput"),
-              _overlay(gathered, "time/step", "Step time (s)", "data-step")]
+              _overlay(gathered, SAMPLES_PER_S, "Throughput (samples/s)", "data-throughput"),
+              _overlay(gathered, TIME_STEP, "Step time (s)", "data-step")]
     names = ", ".join(escape(str(g["run"]["name"])) for g in gathered)
     body = (f"<header><h1>Comparison</h1><div class=\"sub\">{names}</div></header>"
             f"<h2>Side by side</h2>{html.card('Runs', table)}"

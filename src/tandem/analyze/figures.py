@@ -8,23 +8,40 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tandem.analyze import stats
+from tandem.monitor.catalogue import (
+    GRAD_NOISE_SCALE,
+    LOSS,
+    MEM_CUDA_PEAK,
+    MEM_RSS,
+    MFU,
+    SAMPLES_PER_S,
+    STRAGGLER_SCORE,
+    TIME_COMM_EXPOSED,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_H2D,
+    TIME_OPTIM,
+    TIME_STEP,
+    TIME_SYNC_WAIT,
+    TOKENS_PER_S,
+    TRAINING_CURVES,
+)
 
 T = TypeVar("T")
 Metric = Mapping[str, Any]  # {"step", "rank", "name", "value", "time"}
 
 # The phases of a step, in the order they are stacked, with their labels.
 PHASES: tuple[tuple[str, str], ...] = (
-    ("time/data", "data wait"),
-    ("time/h2d", "host-to-device"),
-    ("time/compute", "forward+backward"),
-    ("time/comm_exposed", "exposed comm (wire)"),
-    ("time/sync_wait", "waiting for peers"),
-    ("time/optim", "optimizer"),
+    (TIME_DATA, "data wait"),
+    (TIME_H2D, "host-to-device"),
+    (TIME_COMPUTE, "forward+backward"),
+    (TIME_COMM_EXPOSED, "exposed comm (wire)"),
+    (TIME_SYNC_WAIT, "waiting for peers"),
+    (TIME_OPTIM, "optimizer"),
 )
 # Names the trainer writes that are not evaluation or user metrics.
 TRAINING_NAMES = frozenset({
-    "time/step", "samples_per_s", "tokens_per_s", "loss", "grad_norm", "lr", "loss_scale",
-    "update_ratio", "mfu", "straggler/score", "grad_noise_scale",
+    TIME_STEP, *TRAINING_CURVES, GRAD_NOISE_SCALE, STRAGGLER_SCORE,
     *(name for name, _ in PHASES)})
 
 
@@ -86,10 +103,10 @@ def per_rank(rows: Sequence[Metric]) -> dict[int, dict[int, float]]:
 def straggler_scores(groups: Mapping[str, Sequence[Metric]]) -> dict[int, dict[int, float]]:
     """rank -> step -> score: the recorded `straggler/score`, else computed from per-rank
     `time/step` as the rank's step time over the median across ranks in that window."""
-    recorded = per_rank(groups.get("straggler/score", ()))
+    recorded = per_rank(groups.get(STRAGGLER_SCORE, ()))
     if recorded:
         return recorded
-    times = per_rank(groups.get("time/step", ()))
+    times = per_rank(groups.get(TIME_STEP, ()))
     if len(times) < 2:
         return {}
     steps = sorted({s for by_step in times.values() for s in by_step})
@@ -141,7 +158,7 @@ def headline(run: Mapping[str, Any], metrics: Sequence[Metric]) -> dict[str, Any
     metric under its own name."""
     groups = by_name(metrics)
     steps_all = [int(m["step"]) for m in metrics]
-    loss_steps, loss = series_of(groups, "loss")
+    loss_steps, loss = series_of(groups, LOSS)
     finished = run.get("finished")
     # The run's own wall time over its attempts (the summary's), not the calendar time
     # from its first start to its last end, which counts the gaps between attempts.
@@ -151,15 +168,15 @@ def headline(run: Mapping[str, Any], metrics: Sequence[Metric]) -> dict[str, Any
         "duration_s": wall if wall else ((finished - run["started"]) if finished else None),
         "final_loss": last_finite(loss),
         "best_loss": min(stats.finite(loss)) if stats.finite(loss) else None,
-        "samples_per_s": steady_median(groups, "samples_per_s"),
-        "tokens_per_s": steady_median(groups, "tokens_per_s"),
-        "step_s": steady_median(groups, "time/step"),
-        "mfu": steady_median(groups, "mfu"),
+        "samples_per_s": steady_median(groups, SAMPLES_PER_S),
+        "tokens_per_s": steady_median(groups, TOKENS_PER_S),
+        "step_s": steady_median(groups, TIME_STEP),
+        "mfu": steady_median(groups, MFU),
         # The diagnosis's own reading (find_scale), so that one figure is quoted everywhere.
-        "grad_noise_scale": steady_median(groups, "grad_noise_scale"),
+        "grad_noise_scale": steady_median(groups, GRAD_NOISE_SCALE),
     }
-    peaks = stats.finite(m["value"] for m in groups.get("mem/cuda_peak_bytes", ()))
-    rss = stats.finite(m["value"] for m in groups.get("mem/rss_bytes", ()))
+    peaks = stats.finite(m["value"] for m in groups.get(MEM_CUDA_PEAK, ()))
+    rss = stats.finite(m["value"] for m in groups.get(MEM_RSS, ()))
     out["cuda_peak_bytes"] = max(peaks) if peaks else None
     out["rss_peak_bytes"] = max(rss) if rss else None
     for name in eval_names(groups):

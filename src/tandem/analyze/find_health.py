@@ -18,6 +18,7 @@ from typing import Any
 from tandem.analyze import stats
 from tandem.analyze.figures import Metric, series_of
 from tandem.analyze.finding import Finding
+from tandem.monitor.catalogue import GRAD_NORM, LOSS, LOSS_SCALE
 
 LOSS_SPIKE_Z = 6.0
 LOSS_SPIKE_MIN_RISE = 0.05
@@ -48,7 +49,7 @@ def start_level(groups: Mapping[str, Sequence[Metric]], name: str) -> float | No
 def _loss_spikes(groups: Mapping[str, Sequence[Metric]],
                  start: float | None) -> tuple[list[int], list[int]]:
     """Steps of loss outliers: (material, small) on the run's starting loss."""
-    steps, loss = series_of(groups, "loss")
+    steps, loss = series_of(groups, LOSS)
     good = [(s, v) for s, v in zip(steps, loss, strict=True) if math.isfinite(v)]
     if len(good) < LOSS_SPIKE_MIN_WINDOWS:
         return [], []
@@ -65,7 +66,7 @@ def _loss_spikes(groups: Mapping[str, Sequence[Metric]],
 
 def start_levels(groups: Mapping[str, Sequence[Metric]]) -> tuple[float | None, float | None]:
     """The run's starting loss and gradient norm: the scale its outliers are judged on."""
-    return start_level(groups, "loss"), start_level(groups, "grad_norm")
+    return start_level(groups, LOSS), start_level(groups, GRAD_NORM)
 
 
 def small_outlier(event: Mapping[str, Any], loss0: float | None, grad0: float | None) -> bool:
@@ -85,7 +86,7 @@ def small_outlier(event: Mapping[str, Any], loss0: float | None, grad0: float | 
 
 def unstable(groups: Mapping[str, Sequence[Metric]], events: Iterable[Mapping[str, Any]],
               config: Mapping[str, Any] | None) -> Finding | None:
-    nonfinite = sorted({int(m["step"]) for name in ("loss", "grad_norm")
+    nonfinite = sorted({int(m["step"]) for name in (LOSS, GRAD_NORM)
                         for m in groups.get(name, ()) if not math.isfinite(m["value"])})
     loss0, grad0 = start_levels(groups)
     outliers = [e for e in events if event_kind(e.get("kind", "")) in UNSTABLE_EVENT_KINDS]
@@ -94,7 +95,7 @@ def unstable(groups: Mapping[str, Sequence[Metric]], events: Iterable[Mapping[st
     for e in outliers:  # one pass: a long run has hundreds of events
         (small if small_outlier(e, loss0, grad0) else flagged).append(e)
     spikes, small_spikes = _loss_spikes(groups, loss0)
-    _, scale = series_of(groups, "loss_scale")
+    _, scale = series_of(groups, LOSS_SCALE)
     drops = sum(b < a for a, b in zip(scale, scale[1:], strict=False))
     if not (nonfinite or flagged or spikes or drops >= LOSS_SCALE_DROPS):
         if small or small_spikes:

@@ -16,6 +16,18 @@ from tandem.analyze.finding import (
     severity,
     share,
 )
+from tandem.monitor.catalogue import (
+    COMM_ALLREDUCE_RATE,
+    COMM_LATENCY,
+    MFU,
+    TIME_COMM_EXPOSED,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_H2D,
+    TIME_STEP,
+    TIME_SYNC_WAIT,
+    TIME_WIRE_PREDICTED,
+)
 from tandem.monitor.commsplit import beyond_wire
 
 INPUT_BOUND_SHARE = 0.20
@@ -27,7 +39,7 @@ COMPUTE_BOUND_SHARE = 0.70
 
 def input_bound(ctx: Context) -> Finding | None:
     """Data wait above INPUT_BOUND_SHARE of the step."""
-    data = share(ctx.groups, "time/data")
+    data = share(ctx.groups, TIME_DATA)
     if data is None or data.share <= INPUT_BOUND_SHARE:
         return None
     workers, prefetch = ctx.cfg("data.workers"), ctx.cfg("data.prefetch")
@@ -36,7 +48,7 @@ def input_bound(ctx: Context) -> Finding | None:
     suggestions = [f"data.workers {more_workers}: more loader processes per rank",
                    f"data.prefetch {deeper}: more batches loaded ahead of the step"]
     evidence = data.evidence()
-    h2d = share(ctx.groups, "time/h2d")
+    h2d = share(ctx.groups, TIME_H2D)
     if h2d is not None and ctx.on_gpu:
         evidence["h2d_share"] = h2d.share
         if h2d.share > H2D_SHARE:
@@ -54,10 +66,10 @@ def input_bound(ctx: Context) -> Finding | None:
 
 def communication_bound(ctx: Context) -> Finding | None:
     """Exposed wire time (what no rank could hide) above COMM_BOUND_SHARE of the step."""
-    comm = share(ctx.groups, "time/comm_exposed")
+    comm = share(ctx.groups, TIME_COMM_EXPOSED)
     if comm is None or comm.share <= COMM_BOUND_SHARE:
         return None
-    wire = steady_median(ctx.groups, "time/wire_predicted")
+    wire = steady_median(ctx.groups, TIME_WIRE_PREDICTED)
     gain = comm.speedup_without
     evidence = {**comm.evidence(), "wire_predicted_s": wire}
     head = (f"exposed communication is {comm.quote()}; without it the step would be "
@@ -87,8 +99,8 @@ def communication_bound(ctx: Context) -> Finding | None:
 
 def _bucket_advice(ctx: Context) -> str:
     """A bucket large enough that the all-reduce's latency is paid on few bytes."""
-    latency = steady_median(ctx.groups, "comm/latency_s")
-    rate = steady_median(ctx.groups, "comm/allreduce_bytes_per_s")
+    latency = steady_median(ctx.groups, COMM_LATENCY)
+    rate = steady_median(ctx.groups, COMM_ALLREDUCE_RATE)
     bucket = ctx.cfg("plan.bucket_mb")
     if latency and rate:
         floor_mb = 4 * latency * rate / 2**20  # latency at most a fifth of a bucket's time
@@ -100,7 +112,7 @@ def _bucket_advice(ctx: Context) -> str:
 
 def waiting_for_peers(ctx: Context) -> Finding | None:
     """Ranks waiting for slower peers above WAIT_SHARE of the step."""
-    wait = share(ctx.groups, "time/sync_wait")
+    wait = share(ctx.groups, TIME_SYNC_WAIT)
     if wait is None or wait.share <= WAIT_SHARE:
         return None
     gain = wait.speedup_without
@@ -118,10 +130,10 @@ def waiting_for_peers(ctx: Context) -> Finding | None:
 
 def compute_bound(ctx: Context) -> Finding | None:
     """Compute above COMPUTE_BOUND_SHARE of the step (and nothing else fired)."""
-    compute = share(ctx.groups, "time/compute")
+    compute = share(ctx.groups, TIME_COMPUTE)
     if compute is None or compute.share <= COMPUTE_BOUND_SHARE:
         return None
-    _, mfu_values = steady(*series_of(ctx.groups, "mfu"))
+    _, mfu_values = steady(*series_of(ctx.groups, MFU))
     mfu = stats.finite(mfu_values)
     evidence = compute.evidence()
     if mfu:
@@ -145,7 +157,7 @@ def compute_bound(ctx: Context) -> Finding | None:
 
 def balanced(ctx: Context) -> Finding | None:
     """No phase stands out: the shares of a step, for the record."""
-    _, step_values = steady(*series_of(ctx.groups, "time/step"))
+    _, step_values = steady(*series_of(ctx.groups, TIME_STEP))
     step_values = stats.finite(step_values)
     if not step_values:
         return None

@@ -9,6 +9,14 @@ from tandem.analyze import stats
 from tandem.analyze.figures import Metric, per_rank, steady
 from tandem.analyze.figures import straggler_scores as _scores
 from tandem.analyze.finding import Context, Finding
+from tandem.monitor.catalogue import (
+    MEM_CUDA_PEAK,
+    MEM_CUDA_TOTAL,
+    SYS_CPU,
+    SYS_PROCESS_CPU,
+    TIME_DATA,
+    TIME_STEP,
+)
 
 MEMORY_BOUND_SHARE = 0.90
 STRAGGLER_SCORE = 1.15
@@ -23,12 +31,12 @@ def memory_bound(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
     # Device memory does not change during a run: each rank's largest recorded total
     # (else any rank's) pairs with every peak, however often the total was written.
     totals: dict[int, float] = {}
-    for m in groups.get("mem/cuda_total_bytes", ()):
+    for m in groups.get(MEM_CUDA_TOTAL, ()):
         if math.isfinite(m["value"]) and m["value"] > 0:
             totals[m["rank"]] = max(totals.get(m["rank"], 0.0), m["value"])
     fallback = max(totals.values(), default=0.0)
     worst: tuple[float, Metric, float] | None = None
-    for m in groups.get("mem/cuda_peak_bytes", ()):
+    for m in groups.get(MEM_CUDA_PEAK, ()):
         total = totals.get(m["rank"], fallback)
         if total and math.isfinite(m["value"]) and (worst is None
                                                      or m["value"] / total > worst[0]):
@@ -56,9 +64,9 @@ def foreign_cores(ctx: Context) -> float | None:
     windows; None where the run recorded no host and process CPU or no core count."""
     env = ctx.env or {}
     cores, world = env.get("cpu_count"), env.get("world_size")
-    host = {m["step"]: m["value"] for m in ctx.groups.get("sys/cpu_percent", ())
+    host = {m["step"]: m["value"] for m in ctx.groups.get(SYS_CPU, ())
             if m["rank"] == -1}
-    proc = {m["step"]: m["value"] for m in ctx.groups.get("sys/process_cpu_percent", ())
+    proc = {m["step"]: m["value"] for m in ctx.groups.get(SYS_PROCESS_CPU, ())
             if m["rank"] == -1}
     if not isinstance(cores, int) or not isinstance(world, int):
         return None
@@ -119,7 +127,7 @@ def straggler(ctx: Context) -> Finding | None:
 
 
 def data_imbalance(groups: Mapping[str, Sequence[Metric]]) -> Finding | None:
-    data, step = per_rank(groups.get("time/data", ())), per_rank(groups.get("time/step", ()))
+    data, step = per_rank(groups.get(TIME_DATA, ())), per_rank(groups.get(TIME_STEP, ()))
     if len(data) < 2:
         return None
     windows = sorted({s for by_step in data.values() for s in by_step})

@@ -13,8 +13,9 @@ from __future__ import annotations
 from tandem.analyze import text
 from tandem.analyze.figures import steady_median
 from tandem.analyze.finding import Context, Finding
+from tandem.monitor.catalogue import GRAD_NOISE_SCALE
 
-NOISE_METRIC = "grad_noise_scale"
+NOISE_METRIC = GRAD_NOISE_SCALE
 
 
 def steps_ratio(batch: float, noise_scale: float, factor: float = 2.0) -> float:

@@ -9,6 +9,7 @@ from typing import Any
 
 from tandem.analyze import stats
 from tandem.analyze.figures import Metric, drop_warmup, series_of
+from tandem.monitor.catalogue import TIME_STEP
 
 SEVERITIES = ("high", "medium", "low", "info")
 PERFORMANCE_KINDS = frozenset({
@@ -129,7 +130,7 @@ class Share:
 def share(groups: Mapping[str, Sequence[Metric]], name: str) -> Share | None:
     """Median phase time and median step time over the steady windows that have both."""
     p_steps, p_vals = series_of(groups, name)
-    s_steps, s_vals = series_of(groups, "time/step")
+    s_steps, s_vals = series_of(groups, TIME_STEP)
     step_at = dict(zip(s_steps, s_vals, strict=True))
     pairs = [(s, p, step_at[s]) for s, p in zip(p_steps, p_vals, strict=True)
              if s in step_at and math.isfinite(p) and math.isfinite(step_at[s])]

@@ -9,6 +9,19 @@ from typing import Any
 from tandem.analyze import figures, html, svg, text
 from tandem.analyze.figures import PHASES, Metric
 from tandem.analyze.find_health import UNSTABLE_EVENT_KINDS, event_kind, small_outlier, start_levels
+from tandem.monitor.catalogue import (
+    GRAD_NORM,
+    LOSS,
+    LOSS_SCALE,
+    LR,
+    MEM_CUDA_PEAK,
+    MEM_CUDA_TOTAL,
+    MEM_RSS,
+    SAMPLES_PER_S,
+    TIME_STEP,
+    TOKENS_PER_S,
+    UPDATE_RATIO,
+)
 
 Groups = Mapping[str, Sequence[Metric]]
 
@@ -54,8 +67,8 @@ def _event_color(kind: str, small: bool = False) -> str:
 
 def loss_panel(groups: Groups, events: Sequence[Mapping[str, Any]]) -> str:
     """Training loss, evaluation losses, and events marked where they happened."""
-    names = ["loss"] + [n for n in figures.eval_names(groups) if n.endswith("loss")]
-    lines = [svg.Line(n, *figures.series_of(groups, n), dashed=n != "loss") for n in names]
+    names = [LOSS] + [n for n in figures.eval_names(groups) if n.endswith("loss")]
+    lines = [svg.Line(n, *figures.series_of(groups, n), dashed=n != LOSS) for n in names]
     shown = [e for e in events if e["step"] >= 0]
     loss0, grad0 = start_levels(groups)
     small = [small_outlier(e, loss0, grad0) for e in shown]
@@ -79,8 +92,8 @@ def eval_panel(groups: Groups) -> str:
 def throughput_panels(groups: Groups) -> list[str]:
     """Samples per second and, when recorded, tokens per second."""
     out = []
-    for name, title, data_id in (("samples_per_s", "Throughput (samples/s)", "data-throughput"),
-                                 ("tokens_per_s", "Throughput (tokens/s)", "data-tokens")):
+    for name, title, data_id in ((SAMPLES_PER_S, "Throughput (samples/s)", "data-throughput"),
+                                 (TOKENS_PER_S, "Throughput (tokens/s)", "data-tokens")):
         steps, values = figures.series_of(groups, name)
         if steps:
             out.append(line_panel(title, data_id, [svg.Line(name, steps, values)],
@@ -91,9 +104,9 @@ def throughput_panels(groups: Groups) -> list[str]:
 def optimizer_panels(groups: Groups) -> list[str]:
     """Gradient norm, update/weight ratio, learning rate and fp16 loss scale."""
     out = []
-    for name, title in (("grad_norm", "Gradient norm"),
-                        ("update_ratio", "Update / weight norm (one step per window)"),
-                        ("lr", "Learning rate"), ("loss_scale", "fp16 loss scale")):
+    for name, title in ((GRAD_NORM, "Gradient norm"),
+                        (UPDATE_RATIO, "Update / weight norm (one step per window)"),
+                        (LR, "Learning rate"), (LOSS_SCALE, "fp16 loss scale")):
         steps, values = figures.series_of(groups, name)
         if steps:
             out.append(line_panel(title, f"data-{name}", [svg.Line(name, steps, values)]))
@@ -102,7 +115,7 @@ def optimizer_panels(groups: Groups) -> list[str]:
 
 def phases_panel(groups: Groups) -> str:
     """Stacked mean phase times per logging window, plus the unaccounted rest."""
-    step_steps, step_values = figures.series_of(groups, "time/step")
+    step_steps, step_values = figures.series_of(groups, TIME_STEP)
     at = {name: dict(zip(*figures.series_of(groups, name), strict=True)) for name, _ in PHASES}
     recorded = [(name, label) for name, label in PHASES if at[name]]
     if not step_steps or not recorded:
@@ -129,9 +142,9 @@ def phases_panel(groups: Groups) -> str:
 def memory_panel(groups: Groups) -> str:
     """Host RSS and CUDA peak memory (the largest over ranks), and the device total."""
     lines = []
-    for name, label, dashed in (("mem/rss_bytes", "host RSS", False),
-                                ("mem/cuda_peak_bytes", "CUDA peak", False),
-                                ("mem/cuda_total_bytes", "CUDA total", True)):
+    for name, label, dashed in ((MEM_RSS, "host RSS", False),
+                                (MEM_CUDA_PEAK, "CUDA peak", False),
+                                (MEM_CUDA_TOTAL, "CUDA total", True)):
         steps, values = figures.series(groups.get(name, ()), reduce=max)
         if steps:
             lines.append(svg.Line(label, steps, values, dashed=dashed))
@@ -147,7 +160,7 @@ def ranks_panel(groups: Groups) -> str:
     ranks = sorted(scores)
     steps = sorted({s for by_step in scores.values() for s in by_step})
     grid = [[scores[r].get(s, math.nan) for s in steps] for r in ranks]
-    times = figures.per_rank(groups.get("time/step", ()))
+    times = figures.per_rank(groups.get(TIME_STEP, ()))
 
     def title(row: int, first: float, last: float, value: float) -> str:
         span = f"step {first:g}" if first == last else f"steps {first:g}-{last:g}"

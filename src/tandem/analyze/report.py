@@ -16,6 +16,7 @@ from tandem.analyze import figures, html, panels, text
 from tandem.analyze.compare import compare, compare_table
 from tandem.analyze.diagnose import Finding, diagnose, verdict
 from tandem.analyze.finding import VALIDATION_PREFIX, with_validations
+from tandem.monitor.catalogue import TIME_STEP
 from tandem.monitor.store import RunStore
 
 __all__ = ["compare", "compare_table", "print_summary", "render_html", "write_html"]
@@ -257,7 +258,7 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
     table.add_column("value")
     for label, value in _kpi_items(run, head):
         table.add_row(label, value)
-    step = figures.steady_median(groups, "time/step")
+    step = figures.steady_median(groups, TIME_STEP)
     if step:
         shares = [(label, figures.steady_median(groups, name)) for name, label in figures.PHASES]
         table.add_row("step time split", ", ".join(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.monitor.store import RunStore
+from tandem.status import RunStatus
 
 log = logging.getLogger("tandem")
 
@@ -41,7 +42,7 @@ def candidates(store: RunStore, run_id: str) -> list[dict[str, Any]]:
         return []
     found = []
     for other in store.runs():
-        if other["run_id"] == run_id or other.get("status") != "completed":
+        if other["run_id"] == run_id or other.get("status") != RunStatus.COMPLETED:
             continue
         if (other.get("plan") or {}).get("world_size") != 1:
             continue

@@ -12,10 +12,29 @@ from typing import Any
 
 from tandem.analyze.figures import Metric, by_name
 from tandem.analyze.scaling_model import RunFigures
+from tandem.monitor.catalogue import (
+    COMM_ALLREDUCE_RATE,
+    COMM_BUCKETS_PER_STEP,
+    COMM_BYTES_PER_STEP,
+    COMM_LATENCY,
+    MEM_GRAD,
+    SAMPLES_PER_S,
+    SYS_CPU,
+    SYS_PROCESS_CPU,
+    TIME_BACKWARD,
+    TIME_COMM_EXPOSED,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_H2D,
+    TIME_OPTIM,
+    TIME_STEP,
+    TIME_SYNC_WAIT,
+)
 from tandem.monitor.store import RunStore
+from tandem.parallel.registry import DDP, SINGLE
 
 # Plans whose step the model describes: one replica per rank, gradients all-reduced.
-MODELLED_STRATEGIES = ("single", "ddp")
+MODELLED_STRATEGIES = (SINGLE.name, DDP.name)
 
 
 def _job(groups: Mapping[str, Sequence[Metric]], name: str) -> dict[int, float]:
@@ -27,7 +46,7 @@ def steady_steps(groups: Mapping[str, Sequence[Metric]], calibrate_at: int) -> l
     """The windows (by their last step) that hold neither warm-up nor the one-time
     calibration: the first window and the one containing step `calibrate_at` are left
     out while at least three windows remain."""
-    steps = sorted(_job(groups, "time/step"))
+    steps = sorted(_job(groups, TIME_STEP))
     keep = steps[1:] if len(steps) >= 4 else steps
     if calibrate_at > 0:
         later = [s for s in keep if s > calibrate_at]
@@ -53,7 +72,7 @@ def _per_window(groups: Mapping[str, Sequence[Metric]], name: str,
 
 def _check_plan(run: Mapping[str, Any]) -> None:
     plan, config = run.get("plan") or {}, run.get("config") or {}
-    strategy = plan.get("strategy", "single")
+    strategy = plan.get("strategy", SINGLE.name)
     if strategy not in MODELLED_STRATEGIES:
         raise ValueError(f"plan.strategy {strategy!r}: the scaling model describes "
                          f"{' and '.join(MODELLED_STRATEGIES)} runs only")
@@ -93,8 +112,8 @@ def figures_from_run(run: Mapping[str, Any], metrics: Sequence[Metric],
 
     world = int(env.get("world_size") or plan.get("world_size") or 1)
     device = "cuda" if str(plan.get("device", "cpu")).startswith("cuda") else "cpu"
-    host = [v / 100.0 for v in _per_window(groups, "sys/cpu_percent", steps)]
-    proc = [v / 100.0 for v in _per_window(groups, "sys/process_cpu_percent", steps)]
+    host = [v / 100.0 for v in _per_window(groups, SYS_CPU, steps)]
+    proc = [v / 100.0 for v in _per_window(groups, SYS_PROCESS_CPU, steps)]
     if len(host) != len(proc):
         host, proc = [], []
     train = config.get("train") or {}
@@ -105,19 +124,19 @@ def figures_from_run(run: Mapping[str, Any], metrics: Sequence[Metric],
         micro_batch_setting=int(train.get("micro_batch") or 0), device=device,
         cores=int(cores or env.get("cpu_count") or os.cpu_count() or 1),
         devices=int(env.get("device_count") or 0) if device == "cuda" else 0,
-        step_s=at("time/step") or 0.0, compute_s=at("time/compute") or 0.0,
-        backward_s=at("time/backward") or 0.0,
-        data_s=(at("time/data") or 0.0) + (at("time/h2d") or 0.0),
-        optim_s=at("time/optim") or 0.0, comm_exposed_s=at("time/comm_exposed") or 0.0,
-        sync_wait_s=at("time/sync_wait") or 0.0, samples_per_s=at("samples_per_s") or 0.0,
-        grad_bytes=at("mem/grad_bytes") or 0.0,
+        step_s=at(TIME_STEP) or 0.0, compute_s=at(TIME_COMPUTE) or 0.0,
+        backward_s=at(TIME_BACKWARD) or 0.0,
+        data_s=(at(TIME_DATA) or 0.0) + (at(TIME_H2D) or 0.0),
+        optim_s=at(TIME_OPTIM) or 0.0, comm_exposed_s=at(TIME_COMM_EXPOSED) or 0.0,
+        sync_wait_s=at(TIME_SYNC_WAIT) or 0.0, samples_per_s=at(SAMPLES_PER_S) or 0.0,
+        grad_bytes=at(MEM_GRAD) or 0.0,
         comm_hook=str(plan.get("comm_hook", "none")),
         shared_memory=_shared_memory(plan, config, device),
         bucket_bytes=float(plan.get("bucket_mb", 25.0)) * 2**20,
-        bytes_per_step=at("comm/bytes_per_step", None),
-        buckets_per_step=at("comm/buckets_per_step", None),
-        latency_s=at("comm/latency_s", None),
-        allreduce_bytes_per_s=at("comm/allreduce_bytes_per_s", None),
+        bytes_per_step=at(COMM_BYTES_PER_STEP, None),
+        buckets_per_step=at(COMM_BUCKETS_PER_STEP, None),
+        latency_s=at(COMM_LATENCY, None),
+        allreduce_bytes_per_s=at(COMM_ALLREDUCE_RATE, None),
         host_cpu=tuple(host), process_cpu=tuple(proc))
 
 

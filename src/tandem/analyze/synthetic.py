@@ -14,10 +14,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.analyze import stats
+from tandem.monitor.catalogue import (
+    EVAL_LOSS,
+    GRAD_NORM,
+    LOSS,
+    LR,
+    MEM_CUDA_PEAK,
+    MEM_CUDA_TOTAL,
+    MEM_RSS,
+    MFU,
+    SAMPLES_PER_S,
+    STRAGGLER_SCORE,
+    TIME_COMM_EXPOSED,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_H2D,
+    TIME_OPTIM,
+    TIME_STEP,
+    TOKENS_PER_S,
+)
 from tandem.monitor.store import MetricRow, RunStore
+from tandem.parallel.registry import DDP
+from tandem.status import RunStatus
 
-DEFAULT_SHARES = {"time/data": 0.05, "time/h2d": 0.03, "time/compute": 0.65,
-                  "time/comm_exposed": 0.10, "time/optim": 0.07}
+DEFAULT_SHARES = {TIME_DATA: 0.05, TIME_H2D: 0.03, TIME_COMPUTE: 0.65,
+                  TIME_COMM_EXPOSED: 0.10, TIME_OPTIM: 0.07}
 
 
 @dataclass(kw_only=True)
@@ -58,28 +79,28 @@ def _window(spec: Synthetic, rng: random.Random, step: int, now: float) -> list[
     if spec.nan_at is not None and step >= spec.nan_at:
         loss = math.nan
     rows: list[MetricRow] = [
-        (step, -1, "time/step", job_step, now),
-        (step, -1, "loss", loss, now),
-        (step, -1, "lr", 1e-3 * min(1.0, progress * 10) * (0.5 + 0.5 * math.cos(
+        (step, -1, TIME_STEP, job_step, now),
+        (step, -1, LOSS, loss, now),
+        (step, -1, LR, 1e-3 * min(1.0, progress * 10) * (0.5 + 0.5 * math.cos(
             math.pi * progress)), now),
-        (step, -1, "grad_norm", 1.5 * math.exp(-progress) + abs(rng.gauss(0.0, 0.05)), now),
-        (step, -1, "samples_per_s", spec.global_batch / job_step, now),
-        (step, -1, "mfu", 0.35 * spec.step_s / job_step, now),
+        (step, -1, GRAD_NORM, 1.5 * math.exp(-progress) + abs(rng.gauss(0.0, 0.05)), now),
+        (step, -1, SAMPLES_PER_S, spec.global_batch / job_step, now),
+        (step, -1, MFU, 0.35 * spec.step_s / job_step, now),
     ]
     if spec.tokens_per_sample:
-        rows.append((step, -1, "tokens_per_s",
+        rows.append((step, -1, TOKENS_PER_S,
                      spec.global_batch * spec.tokens_per_sample / job_step, now))
     for name, share in spec.shares.items():
         rows.append((step, -1, name, share * spec.step_s * noise, now))
     for r, t in enumerate(rank_step):
-        rows += [(step, r, "time/step", t, now), (step, r, "straggler/score", t / mid, now),
-                 (step, r, "mem/rss_bytes", 2.1e9 + 1e6 * progress * 50 + r * 3e7, now)]
+        rows += [(step, r, TIME_STEP, t, now), (step, r, STRAGGLER_SCORE, t / mid, now),
+                 (step, r, MEM_RSS, 2.1e9 + 1e6 * progress * 50 + r * 3e7, now)]
         if spec.cuda_total_bytes:
             peak = spec.cuda_peak_share * spec.cuda_total_bytes * (0.97 + 0.03 * progress)
-            rows += [(step, r, "mem/cuda_peak_bytes", peak, now),
-                     (step, r, "mem/cuda_total_bytes", spec.cuda_total_bytes, now)]
+            rows += [(step, r, MEM_CUDA_PEAK, peak, now),
+                     (step, r, MEM_CUDA_TOTAL, spec.cuda_total_bytes, now)]
     if spec.eval_every and step % spec.eval_every == 0:
-        rows += [(step, -1, "eval_loss", loss * 1.08 + 0.02, now),
+        rows += [(step, -1, EVAL_LOSS, loss * 1.08 + 0.02, now),
                  (step, -1, "accuracy", 0.98 - 0.88 * math.exp(-4.0 * progress), now)]
     return rows
 
@@ -103,12 +124,12 @@ def write_synthetic(store: RunStore, run_id: str, name: str, spec: Synthetic,
            "python": "3.11"}
     cfg = dict(config or {"train": {"steps": spec.steps, "global_batch": spec.global_batch},
                           "data": {"workers": 2, "prefetch": 2},
-                          "plan": {"strategy": "ddp", "bucket_mb": 25.0}})
-    store.start_run(run_id, name, cfg, {"strategy": "ddp", "world_size": spec.world_size}, env)
+                          "plan": {"strategy": DDP.name, "bucket_mb": 25.0}})
+    store.start_run(run_id, name, cfg, {"strategy": DDP.name, "world_size": spec.world_size}, env)
     rows = synthetic_rows(spec)
     store.log_metrics(run_id, rows)
     if spec.nan_at is not None:
         store.log_event(run_id, spec.nan_at, -1, "nan", "loss is NaN", value=math.nan)
-    store.finish_run(run_id, "failed" if spec.nan_at is not None else "completed",
+    store.finish_run(run_id, RunStatus.FAILED if spec.nan_at is not None else RunStatus.COMPLETED,
                      {"steps": spec.steps, "final_loss": rows[-1][3] if rows else None})
     return rows

@@ -31,10 +31,19 @@ from tandem.dashboard import queries, stream, view_run
 from tandem.dashboard.auth import TokenGate, check_token
 from tandem.dashboard.pages import PAGES, Page
 from tandem.dashboard.reader import Reader, StoreUnavailable
+from tandem.monitor import catalogue
+from tandem.status import JobStatus, RunStatus
 
 log = logging.getLogger("tandem")
 NO_STORE = {"cache-control": "no-store"}
 FINDINGS_CACHE = 16  # diagnoses kept (a big run's takes seconds)
+JS = "text/javascript"
+# The metric catalogue and the stored states, for the pages' scripts: they name metrics and
+# states through `tandem.catalogue` rather than by literals of their own.
+CATALOGUE_PATH = "/catalogue.js"
+CATALOGUE_SCRIPT = "window.tandem = window.tandem || {};\nwindow.tandem.catalogue = " + json.dumps(
+    {**catalogue.as_dict(), "jobs": {s.name: s.value for s in JobStatus},
+     "runs": {s.name: s.value for s in RunStatus}}, sort_keys=True) + ";\n"
 
 
 def _args(request: Request) -> dict[str, str]:
@@ -59,6 +68,7 @@ class Dashboard:
         self.templates = jinja2.Environment(
             loader=jinja2.PackageLoader("tandem.dashboard", "templates"),
             autoescape=jinja2.select_autoescape(["html"]), undefined=jinja2.StrictUndefined)
+        self.templates.globals["run_statuses"] = [s.value for s in RunStatus]
 
     def _load(self, page: Page, args: dict[str, str]) -> dict[str, Any]:
         with self.reader.snapshot() as conn:
@@ -113,7 +123,7 @@ class Dashboard:
                 raise view_run.NotFound(f"no run {args['run_id']!r} in the store")
             # A finished run's diagnosis does not change; a live one's changes with rows.
             key = (run["run_id"], run["status"], run["finished"],
-                   queries.max_rowid(conn, "metrics") if run["status"] == "running" else 0)
+                   queries.max_rowid(conn, "metrics") if run["status"] == RunStatus.RUNNING else 0)
             with self._lock:
                 if key in self._diagnoses:
                     return self._diagnoses[key]
@@ -144,6 +154,7 @@ class Dashboard:
             if page.updates is not None:
                 out.append(Route("/stream" + page.path, self.stream_route(page)))
         out.append(Route("/api/run/{run_id}/findings", self.findings))
+        out.append(Route(CATALOGUE_PATH, lambda r: Response(CATALOGUE_SCRIPT, media_type=JS)))
         out.append(Mount("/static", StaticFiles(packages=[("tandem.dashboard", "static")]),
                          name="static"))
         return out

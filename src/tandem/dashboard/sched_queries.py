@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tandem.dashboard.queries import has_table
+from tandem.status import ACTIVE_JOB_STATES
 
 JOB_COLUMNS = ("job_id", "seq", "name", "script", "min_procs", "max_procs", "priority",
                "adaptive_batch", "max_batch", "run_name", "submitted", "state", "procs",
@@ -26,7 +27,7 @@ JOB_COLUMNS = ("job_id", "seq", "name", "script", "min_procs", "max_procs", "pri
                "cancel_requested", "failures", "finished", "message")
 ATTEMPT_COLUMNS = ("job_id", "attempt", "backend", "procs", "batch", "launched",
                    "stop_requested", "stop_reason", "ended", "exit_code", "outcome")
-ACTIVE_STATES = ("queued", "running", "stopping")  # tandem.sched.records.ACTIVE
+ACTIVE_STATES = ACTIVE_JOB_STATES
 
 
 def has_scheduler(conn: sqlite3.Connection) -> bool:

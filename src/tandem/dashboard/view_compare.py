@@ -11,13 +11,13 @@ from typing import Any
 from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_POINTS
 from tandem.dashboard.view_run import UPDATE_LIMIT, NotFound
+from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP, TOKENS_PER_S, TRAINING_CURVES
 
 Cursor = dict[str, int]
 MAX_RUNS = 12
 # Names overlaid besides the evaluation metrics (plain names a Task declares).
-CURVES = ("loss", "samples_per_s", "tokens_per_s", "time/step")
-TRAINING = frozenset({"loss", "samples_per_s", "tokens_per_s", "grad_norm", "lr",
-                      "loss_scale", "update_ratio", "mfu"})
+CURVES = (LOSS, SAMPLES_PER_S, TOKENS_PER_S, TIME_STEP)
+TRAINING = frozenset(TRAINING_CURVES)
 
 
 def _ids(args: Mapping[str, str]) -> list[str]:
@@ -47,12 +47,12 @@ def _summary(conn: sqlite3.Connection, run: Mapping[str, Any], last_step: int,
         "status": run["status"], "world size": env.get("world_size"),
         "device": env.get("device"), "steps": last_step or None,
         "duration s": (run["finished"] - run["started"]) if run["finished"] else None,
-        "final loss": queries.job_extreme(conn, rid, "loss", "last"),
-        "best loss": queries.job_extreme(conn, rid, "loss", "min"),
+        "final loss": queries.job_extreme(conn, rid, LOSS, "last"),
+        "best loss": queries.job_extreme(conn, rid, LOSS, "min"),
         "samples/s (median)": _steady_median(
-            queries.line_points(conn, rid, "samples_per_s", shape.JOB)),
+            queries.line_points(conn, rid, SAMPLES_PER_S, shape.JOB)),
         "step time s (median)": _steady_median(
-            queries.line_points(conn, rid, "time/step", shape.JOB)),
+            queries.line_points(conn, rid, TIME_STEP, shape.JOB)),
     }
     for name in evals:
         out[f"{name} (last)"] = queries.job_extreme(conn, rid, name, "last")

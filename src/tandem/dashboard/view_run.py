@@ -19,6 +19,8 @@ from tandem.analyze.find_health import (
 )
 from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
+from tandem.monitor.catalogue import GRAD_NORM, LOSS
+from tandem.status import RunStatus
 
 Cursor = dict[str, int]
 # Rows sent in one update at most; the rest follow in the next ones at once.
@@ -69,7 +71,7 @@ def _judged(conn: sqlite3.Connection, run_id: str,
     if not any(event_kind(e["kind"]) in UNSTABLE_EVENT_KINDS for e in events):
         return events
     groups = {name: queries.first_windows(conn, run_id, name, START_WINDOWS)
-              for name in ("loss", "grad_norm")}
+              for name in (LOSS, GRAD_NORM)}
     loss0, grad0 = start_levels(groups)
     for e in events:
         e["small"] = small_outlier(e, loss0, grad0)
@@ -157,7 +159,7 @@ def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any
     """
     started = time.thread_time()
     run = _run(conn, args["run_id"])
-    latest = latest_rows(conn, run["run_id"]) if run["status"] == "running" else None
+    latest = latest_rows(conn, run["run_id"]) if run["status"] == RunStatus.RUNNING else None
     rows = latest if latest is not None else queries.metric_rows(conn, run["run_id"])
     found = diagnose_rows(conn, run, rows)
     as_dicts = [dataclasses.asdict(f) if dataclasses.is_dataclass(f) else dict(vars(f))

@@ -10,10 +10,12 @@ from typing import Any
 
 from tandem.dashboard import queries
 from tandem.dashboard.shape import jsonable
+from tandem.monitor.catalogue import LOSS, TIME_STEP
+from tandem.status import RunStatus
 
 Cursor = dict[str, int]
 # A run still marked running is shown live while it wrote something this recently; a
-# run whose process was killed stays "running" in the store and is shown as silent.
+# run whose process was killed stays running in the store and is shown as silent.
 LIVE_AFTER_S = 300.0
 
 
@@ -25,11 +27,11 @@ def run_row(conn: sqlite3.Connection, run: Mapping[str, Any], tuned: set[str],
             now: float) -> dict[str, Any]:
     """One line of the runs table."""
     env, plan, summary = run.get("env") or {}, run.get("plan") or {}, run.get("summary") or {}
-    loss = queries.last_row(conn, run["run_id"], "loss")
-    last = loss or queries.last_row(conn, run["run_id"], "time/step")
+    loss = queries.last_row(conn, run["run_id"], LOSS)
+    last = loss or queries.last_row(conn, run["run_id"], TIME_STEP)
     activity = max(t for t in (run["started"], last and last["time"],
                                queries.last_event_time(conn, run["run_id"])) if t)
-    running = run["status"] == "running"
+    running = run["status"] == RunStatus.RUNNING
     return jsonable({
         "run_id": run["run_id"], "name": run["name"], "status": run["status"],
         "live": running and now - activity <= LIVE_AFTER_S,
@@ -69,7 +71,7 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
         ids = set(queries.runs_with_rows_since(conn, cursor.get("m", 0)))
         ids |= {r["run_id"] for r in every if r["rowid"] > cursor.get("r", 0)}
         if top["e"] != cursor.get("e"):
-            ids |= {r["run_id"] for r in every if r["status"] == "running"}
+            ids |= {r["run_id"] for r in every if r["status"] == RunStatus.RUNNING}
         changed = [r for r in every if r["run_id"] in ids]
     now = time.time()
     tuned = set(queries.tune_sessions(conn))

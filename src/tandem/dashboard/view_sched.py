@@ -20,6 +20,7 @@ from typing import Any
 
 from tandem.dashboard import queries, sched_queries
 from tandem.dashboard.shape import jsonable
+from tandem.status import JobStatus
 
 Cursor = dict[str, int]
 _TABLE_KEYS = {"n": "sched_jobs", "a": "sched_attempts", "r": "sched_resizes",
@@ -83,7 +84,7 @@ def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     return jsonable({
         "scheduler": present,
         "jobs": _job_rows(conn, None) if present else [],
-        "queue": sched_queries.job_ids(conn, ("queued",)),
+        "queue": sched_queries.job_ids(conn, (JobStatus.QUEUED,)),
         "resizes": [resize_row(r) for r in sched_queries.resizes(conn)],
         "decision": sched_queries.latest_decision(conn),
         "service": sched_queries.service_facts(conn),
@@ -118,7 +119,7 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
     changed = _changed_jobs(conn, cursor, top)
     if changed:
         out["jobs"] = _job_rows(conn, sorted(changed))
-        out["queue"] = sched_queries.job_ids(conn, ("queued",))
+        out["queue"] = sched_queries.job_ids(conn, (JobStatus.QUEUED,))
     if top["r"] > cursor.get("r", 0):
         out["resizes"] = [resize_row(r) for r in sched_queries.resizes(conn, cursor.get("r", 0))]
     if top["d"] != cursor.get("d"):

@@ -17,6 +17,15 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from tandem.monitor.catalogue import (
+    COMM_ALLREDUCE_RATE,
+    COMM_ALLREDUCE_RATE_HIGH,
+    COMM_ALLREDUCE_RATE_LOW,
+    COMM_LATENCY,
+    FLOPS_PEAK,
+    FLOPS_PEAK_MEASURED,
+    FLOPS_PER_RANK_STEP,
+)
 from tandem.monitor.flops import count_flops, keep_flops, kept_flops, peak_flops
 
 Pass = Callable[[bool], None]  # run one forward+backward, synchronising gradients or not
@@ -81,9 +90,9 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS,
     latency = statistics.median(t_small) - small.numel() * 4 / rates[-1]
     if latency <= 0:
         latency = min(t_small)
-    return {"comm/latency_s": latency, "comm/allreduce_bytes_per_s": rate,
-            "comm/allreduce_bytes_per_s_low": rates[0],
-            "comm/allreduce_bytes_per_s_high": rates[-1]}
+    return {COMM_LATENCY: latency, COMM_ALLREDUCE_RATE: rate,
+            COMM_ALLREDUCE_RATE_LOW: rates[0],
+            COMM_ALLREDUCE_RATE_HIGH: rates[-1]}
 
 
 def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
@@ -110,10 +119,10 @@ def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
         flops = count_flops(lambda: run(False))
         keep_flops(signature, flops)
     peak, source = peak_flops(device, precision)
-    figures["flops/per_rank_step"] = float(flops * accum)
+    figures[FLOPS_PER_RANK_STEP] = float(flops * accum)
     if peak > 0:
-        figures["flops/peak"] = peak
-        figures["flops/peak_measured"] = 1.0 if source.startswith("measured") else 0.0
+        figures[FLOPS_PEAK] = peak
+        figures[FLOPS_PEAK_MEASURED] = 1.0 if source.startswith("measured") else 0.0
     if world_size > 1 and communicates:
         figures.update(link_cost(grad_bytes, device, all_reduce=all_reduce))
     return figures

@@ -24,6 +24,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 
+from tandem.monitor.catalogue import (
+    COMM_ALLREDUCE_RATE,
+    COMM_BUCKETS_PER_STEP,
+    COMM_BYTES_PER_STEP,
+    COMM_LATENCY,
+    TIME_COMM_BEYOND_WIRE,
+    TIME_COMM_EXPOSED,
+    TIME_SYNC_WAIT,
+    TIME_WIRE_PREDICTED,
+)
+
 # Exposed time beyond this multiple of the predicted wire time (and ABOVE_WIRE_S) is
 # not explained by the wire.
 ABOVE_WIRE_RATIO = 1.5
@@ -43,24 +54,24 @@ def wire_seconds(figures: Mapping[str, float], world: int) -> float | None:
     of an all-reduce), comm/bytes_per_step (bytes each rank sends, ring-counted) and
     comm/buckets_per_step (collectives per step).
     """
-    latency = figures.get("comm/latency_s")
-    rate = figures.get("comm/allreduce_bytes_per_s")
-    sent = figures.get("comm/bytes_per_step")
+    latency = figures.get(COMM_LATENCY)
+    rate = figures.get(COMM_ALLREDUCE_RATE)
+    sent = figures.get(COMM_BYTES_PER_STEP)
     if latency is None or not rate or sent is None or world < 2:
         return None
     buffer = sent / (2 * (world - 1) / world)  # a ring all-reduce sends 2(N-1)/N of it
-    return figures.get("comm/buckets_per_step", 1.0) * latency + buffer / rate
+    return figures.get(COMM_BUCKETS_PER_STEP, 1.0) * latency + buffer / rate
 
 
 def rows(exposed_s: Sequence[float], figures: Mapping[str, float],
          world: int) -> dict[str, float]:
     """The window's job-wide communication figures (see the module docstring)."""
     wire, waits = split(exposed_s)
-    out = {"time/comm_exposed": wire, "time/sync_wait": statistics.fmean(waits)}
+    out = {TIME_COMM_EXPOSED: wire, TIME_SYNC_WAIT: statistics.fmean(waits)}
     predicted = wire_seconds(figures, world)
     if predicted is not None:
-        out["time/wire_predicted"] = predicted
-        out["time/comm_beyond_wire"] = max(0.0, wire - predicted)
+        out[TIME_WIRE_PREDICTED] = predicted
+        out[TIME_COMM_BEYOND_WIRE] = max(0.0, wire - predicted)
     return out
 
 

@@ -18,6 +18,28 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from tandem.monitor import commsplit
+from tandem.monitor.catalogue import (
+    FLOPS_ACHIEVED,
+    FLOPS_PEAK,
+    FLOPS_PER_RANK_STEP,
+    GNS_BIG_GRAD_SQ,
+    GNS_SMALL_GRAD_SQ,
+    GRAD_NOISE_SCALE,
+    GRAD_NORM,
+    LOSS,
+    MEM_CUDA_PEAK,
+    MEM_CUDA_TOTAL,
+    MFU,
+    SAMPLES_PER_S,
+    TIME_COMPUTE,
+    TIME_PREFIX,
+    TIME_STEP,
+    TIME_STEP_MAX,
+    TIME_STEP_P50,
+    TOKENS_PER_S,
+    UPDATE_RATIO,
+    phase_metric,
+)
 from tandem.monitor.detect import Event, HealthDetectors
 from tandem.monitor.noise import NoiseScale
 from tandem.monitor.phases import PHASES, PhaseClock
@@ -168,8 +190,8 @@ class LiveMonitor:
             return None
         window = self._derive(step, table, extra)
         ordered = sorted(times)
-        window.rows += [(step, -1, "time/step_p50", ordered[len(ordered) // 2]),
-                        (step, -1, "time/step_max", ordered[-1])]
+        window.rows += [(step, -1, TIME_STEP_P50, ordered[len(ordered) // 2]),
+                        (step, -1, TIME_STEP_MAX, ordered[-1])]
         return window
 
     def _cuda_memory(self) -> tuple[float, float]:
@@ -189,13 +211,13 @@ class LiveMonitor:
         loss = sum(fixed["loss_sum"]) / (self.world * steps)
         busy = max(fixed["busy"])
         rate = fixed["samples"][0] / busy if busy > 0 else 0.0
-        rows: list[Row] = [(step, -1, "loss", loss), (step, -1, "samples_per_s", rate),
-                           (step, -1, "time/step", busy / steps)]
+        rows: list[Row] = [(step, -1, LOSS, loss), (step, -1, SAMPLES_PER_S, rate),
+                           (step, -1, TIME_STEP, busy / steps)]
         if self.tokens_per_sample:
-            rows.append((step, -1, "tokens_per_s", rate * self.tokens_per_sample))
+            rows.append((step, -1, TOKENS_PER_S, rate * self.tokens_per_sample))
         finite = [g for g in grad_norms if math.isfinite(g)]
         if finite:
-            rows.append((step, -1, "grad_norm", statistics.fmean(finite)))
+            rows.append((step, -1, GRAD_NORM, statistics.fmean(finite)))
         rows += self._per_rank(step, fixed, steps)
         update, weight = fixed["update_sq"], fixed["weight_sq"]
         if math.isfinite(update[0]) and math.isfinite(weight[0]):
@@ -203,7 +225,7 @@ class LiveMonitor:
             # the same weights, so rank 0's figure is everyone's.
             u, w = (sum(update), sum(weight)) if self.sharded else (update[0], weight[0])
             if w > 0:
-                rows.append((step, -1, "update_ratio", math.sqrt(u / w)))
+                rows.append((step, -1, UPDATE_RATIO, math.sqrt(u / w)))
         rows += self._noise_rows(step, fixed)
         phases = {p: statistics.fmean(fixed[p]) / steps for p in PHASES}
         # Backward's wait for the all-reduce is not compute.
@@ -214,14 +236,14 @@ class LiveMonitor:
         elif self.measures_comm:
             exposed = [(t + c) / steps for t, c in zip(fixed["comm_tail"], fixed["comm"],
                                                        strict=True)]
-            phases |= {k.removeprefix("time/"): v for k, v in commsplit.rows(
+            phases |= {k.removeprefix(TIME_PREFIX): v for k, v in commsplit.rows(
                 exposed, {**self.static, **extra}, self.world).items()}
-        rows += [(step, -1, f"time/{phase}", value) for phase, value in phases.items()]
-        flops, peak = self.static.get("flops/per_rank_step"), self.static.get("flops/peak")
+        rows += [(step, -1, phase_metric(phase), value) for phase, value in phases.items()]
+        flops, peak = self.static.get(FLOPS_PER_RANK_STEP), self.static.get(FLOPS_PEAK)
         if flops and peak and busy > 0:
             achieved = flops * steps / busy
-            rows += [(step, -1, "flops/achieved_per_s", achieved),
-                     (step, -1, "mfu", achieved / peak)]
+            rows += [(step, -1, FLOPS_ACHIEVED, achieved),
+                     (step, -1, MFU, achieved / peak)]
         system = self.system.sample() if self.system else {}
         rows += [(step, -1, name, value) for name, value in {**self.static, **extra,
                                                                **system}.items()]
@@ -237,10 +259,10 @@ class LiveMonitor:
             return []
         small_sq, big_sq = statistics.fmean(small), fixed["big_grad_sq"][0]
         self.noise.update(small_sq, big_sq, int(fixed["b_small"][0]), int(fixed["b_big"][0]))
-        rows: list[Row] = [(step, -1, "gns/small_grad_sq", small_sq),
-                           (step, -1, "gns/big_grad_sq", big_sq)]
+        rows: list[Row] = [(step, -1, GNS_SMALL_GRAD_SQ, small_sq),
+                           (step, -1, GNS_BIG_GRAD_SQ, big_sq)]
         value = self.noise.value()
-        return rows + ([] if value is None else [(step, -1, "grad_noise_scale", value)])
+        return rows + ([] if value is None else [(step, -1, GRAD_NOISE_SCALE, value)])
 
     def _per_rank(self, step: int, fixed: dict[str, list[float]], steps: int) -> list[Row]:
         """Each rank's step, memory, straggler score (its wait: backward) and phases."""
@@ -248,13 +270,13 @@ class LiveMonitor:
         rows = rank_rows(step, ranks, [b / steps for b in fixed["busy"]],
                          [bw / steps for bw in fixed["backward"]], fixed["rss"])
         for r in ranks:
-            rows.append((step, r, "time/compute",
+            rows.append((step, r, TIME_COMPUTE,
                          (fixed["forward"][r] + fixed["backward"][r]
                           - fixed["comm_tail"][r]) / steps))
             if fixed["cuda_total"][r] > 0:
-                rows += [(step, r, "mem/cuda_peak_bytes", fixed["cuda_peak"][r]),
-                         (step, r, "mem/cuda_total_bytes", fixed["cuda_total"][r])]
-            rows += [(step, r, f"time/{p}", fixed[p][r] / steps) for p in PHASES]
+                rows += [(step, r, MEM_CUDA_PEAK, fixed["cuda_peak"][r]),
+                         (step, r, MEM_CUDA_TOTAL, fixed["cuda_total"][r])]
+            rows += [(step, r, phase_metric(p), fixed[p][r] / steps) for p in PHASES]
         return rows
 
     def _detect(self, step: int, losses: list[float], norms: list[float], rate: float,

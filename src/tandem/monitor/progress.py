@@ -18,6 +18,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from tandem.monitor.catalogue import LR
 from tandem.monitor.live import Window
 from tandem.monitor.sinks import Sink
 
@@ -65,7 +66,7 @@ class Reporter:
             self._bar.update(self._task, completed=window.step, status=status)
         elif self._log_lines:
             log.info("step %d/%d  %s  lr %.3g", window.step, self.total, status,
-                     figures.get("lr", 0.0))
+                     figures.get(LR, 0.0))
 
     def advance(self, step: int) -> None:
         """Move the bar without recording anything."""

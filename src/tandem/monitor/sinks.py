@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tandem.status import RunStatus
+
 if TYPE_CHECKING:  # for annotations only: the sinks never build a Window
     from tandem.monitor.live import Window
 
@@ -295,6 +297,6 @@ def open_sinks(*, tensorboard: str, prometheus_port: int, prometheus_host: str, 
                      prometheus_host, sink.port)
             sinks.append(sink)
     except BaseException:
-        Fanout(*sinks).finish("failed", {})  # close what opened before the failure
+        Fanout(*sinks).finish(RunStatus.FAILED, {})  # close what opened before the failure
         raise
     return sinks

@@ -22,13 +22,15 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from tandem.status import RunStatus
+
 log = logging.getLogger("tandem")
 
 STORE_ENV = "TANDEM_STORE"  # where runs are recorded when nothing else says
 STORE_FILE = "tandem.db"
 DEFAULT_RUN_DIR = "runs"
 SCHEMA_VERSION = 4
-STATUSES = ("running", "completed", "failed", "preempted", "interrupted")
+STATUSES = tuple(RunStatus)
 # Who made a run: the user, or the tuner (a trial of a candidate plan, or a control /
 # placebo run measuring a cause or the noise); `tandem runs` lists user runs by default.
 RUN_KINDS = ("user", "trial", "control")
@@ -238,13 +240,15 @@ class RunStore:
             if existing is None:
                 self._conn.execute(
                     "INSERT INTO runs (run_id, name, started, finished, status, config, plan, "
-                    "env, summary, kind) VALUES (?, ?, ?, NULL, 'running', ?, ?, ?, NULL, ?)",
-                    (run_id, name, now, _dumps(config), _dumps(plan), _dumps(env), kind))
+                    "env, summary, kind) VALUES (?, ?, ?, NULL, ?, ?, ?, ?, NULL, ?)",
+                    (run_id, name, now, RunStatus.RUNNING, _dumps(config), _dumps(plan),
+                     _dumps(env), kind))
                 return
             self._conn.execute(
-                "UPDATE runs SET name=?, finished=NULL, status='running', config=?, plan=?, "
+                "UPDATE runs SET name=?, finished=NULL, status=?, config=?, plan=?, "
                 "env=?, kind=? WHERE run_id=?",
-                (name, _dumps(config), _dumps(plan), _dumps(env), kind, run_id))
+                (name, RunStatus.RUNNING, _dumps(config), _dumps(plan), _dumps(env), kind,
+                 run_id))
 
     def log_metrics(self, run_id: str, rows: Iterable[MetricRow]) -> int:
         """Append metric rows (step, rank, name, value, time) in one transaction.
@@ -277,8 +281,8 @@ class RunStore:
 
     def finish_run(self, run_id: str, status: str, summary: dict[str, Any]) -> None:
         """Record how run `run_id` ended: status (completed/failed/preempted) and summary."""
-        if status not in STATUSES or status == "running":
-            allowed = ", ".join(s for s in STATUSES if s != "running")
+        if status not in STATUSES or status == RunStatus.RUNNING:
+            allowed = ", ".join(s for s in STATUSES if s != RunStatus.RUNNING)
             raise ValueError(f"finish_run status must be one of {allowed}; got {status!r}")
         with self._tx():
             cur = self._conn.execute(

@@ -8,6 +8,23 @@ import psutil
 import torch
 from torch import nn
 
+from tandem.monitor.catalogue import (
+    MEM_CUDA_ALLOCATED,
+    MEM_CUDA_PEAK,
+    MEM_CUDA_RESERVED,
+    MEM_CUDA_TOTAL,
+    MEM_GRAD,
+    MEM_OPTIM,
+    MEM_PARAM,
+    MEM_RSS,
+    SYS_CPU,
+    SYS_DISK,
+    SYS_GPU_MEM_UTIL,
+    SYS_GPU_UTIL,
+    SYS_NET,
+    SYS_PROCESS_CPU,
+)
+
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, float]:
     """Bytes of parameters, gradients and optimizer state held by this rank."""
@@ -20,21 +37,21 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str,
     opt_bytes = sum(size(v) for state in optimizer.state.values() for v in state.values()
                     if isinstance(v, torch.Tensor))
     return {
-        "mem/param_bytes": float(sum(size(p) for p in params)),
-        "mem/grad_bytes": float(sum(size(p) for p in params if p.requires_grad)),
-        "mem/optim_bytes": float(opt_bytes),
+        MEM_PARAM: float(sum(size(p) for p in params)),
+        MEM_GRAD: float(sum(size(p) for p in params if p.requires_grad)),
+        MEM_OPTIM: float(opt_bytes),
     }
 
 
 def memory(device: torch.device) -> dict[str, float]:
     """This process's resident memory and, on CUDA, allocator figures."""
-    figures = {"mem/rss_bytes": float(psutil.Process().memory_info().rss)}
+    figures = {MEM_RSS: float(psutil.Process().memory_info().rss)}
     if device.type == "cuda":
-        figures["mem/cuda_allocated_bytes"] = float(torch.cuda.memory_allocated(device))
-        figures["mem/cuda_reserved_bytes"] = float(torch.cuda.memory_reserved(device))
-        figures["mem/cuda_peak_bytes"] = float(torch.cuda.max_memory_allocated(device))
+        figures[MEM_CUDA_ALLOCATED] = float(torch.cuda.memory_allocated(device))
+        figures[MEM_CUDA_RESERVED] = float(torch.cuda.memory_reserved(device))
+        figures[MEM_CUDA_PEAK] = float(torch.cuda.max_memory_allocated(device))
         total = torch.cuda.get_device_properties(device).total_memory
-        figures["mem/cuda_total_bytes"] = float(total)
+        figures[MEM_CUDA_TOTAL] = float(total)
     return figures
 
 
@@ -44,8 +61,8 @@ def gpu_utilisation(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     try:
-        return {"sys/gpu_util_percent": float(torch.cuda.utilization(device)),
-                "sys/gpu_mem_util_percent": float(torch.cuda.memory_usage(device))}
+        return {SYS_GPU_UTIL: float(torch.cuda.utilization(device)),
+                SYS_GPU_MEM_UTIL: float(torch.cuda.memory_usage(device))}
     except Exception:  # noqa: BLE001 - no NVML (pip install nvidia-ml-py) or no permission
         return {}
 
@@ -70,17 +87,17 @@ class SystemSampler:
         span = max(now - self._last, 1e-9)
         net, disk = psutil.net_io_counters(), psutil.disk_io_counters()
         figures = {
-            "sys/cpu_percent": psutil.cpu_percent(None),
-            "sys/process_cpu_percent": self.process.cpu_percent(None),
+            SYS_CPU: psutil.cpu_percent(None),
+            SYS_PROCESS_CPU: self.process.cpu_percent(None),
         }
         if net is not None and self._net is not None:
             before = self._net.bytes_sent + self._net.bytes_recv
             moved = net.bytes_sent + net.bytes_recv - before
-            figures["sys/net_bytes_per_s"] = moved / span
+            figures[SYS_NET] = moved / span
         if disk is not None and self._disk is not None:
             before = self._disk.read_bytes + self._disk.write_bytes
             moved = disk.read_bytes + disk.write_bytes - before
-            figures["sys/disk_bytes_per_s"] = moved / span
+            figures[SYS_DISK] = moved / span
         self._last, self._net, self._disk = now, net, disk
         if self.gpu:
             figures.update(gpu_utilisation(self.device))

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from tandem.monitor.catalogue import MEM_RSS, STRAGGLER_SCORE, TIME_STEP
+
 Row = tuple[int, int, str, float]  # step, rank (-1 = whole job), name, value
 
 
@@ -57,8 +59,8 @@ def rank_rows(step: int, ranks: Sequence[int], step_s: Sequence[float],
            for s, w in zip(step_s, wait_s or [0.0] * len(step_s), strict=True)]
     rows: list[Row] = []
     for rank, seconds, memory in zip(ranks, step_s, rss, strict=True):
-        rows += [(step, rank, "time/step", seconds), (step, rank, "mem/rss_bytes", memory)]
+        rows += [(step, rank, TIME_STEP, seconds), (step, rank, MEM_RSS, memory)]
     if scores:
-        rows += [(step, rank, "straggler/score", score)
+        rows += [(step, rank, STRAGGLER_SCORE, score)
                  for rank, score in zip(ranks, straggler_scores(own), strict=True)]
     return rows

@@ -13,9 +13,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from tandem.clocks import Mark
+from tandem.monitor.catalogue import COMM_BUCKETS_PER_STEP, COMM_BYTES_PER_STEP
 from tandem.parallel import hooks, host_allreduce
 from tandem.parallel.hierarchical import register_hierarchical
 from tandem.parallel.host_allreduce import SharedMemoryGroup
+from tandem.parallel.registry import DDP, StrategyInfo
 from tandem.parallel.strategy import Build, Pass, Strategy, fresh_copy
 
 log = logging.getLogger("tandem")
@@ -24,7 +26,8 @@ log = logging.getLogger("tandem")
 class DDPStrategy(Strategy):
     """Every rank holds a replica; DDP all-reduces gradient buckets during backward."""
 
-    name: ClassVar[str] = "ddp"
+    info: ClassVar[StrategyInfo] = DDP
+    name: ClassVar[str] = DDP.name
     identical_replicas: ClassVar[bool] = True
     syncs_each_backward: ClassVar[bool] = True
 
@@ -100,8 +103,8 @@ class DDPStrategy(Strategy):
         """What the comm hook sent per step (DDP's own all-reduce: from the sizes)."""
         stats = self.stats
         if stats is not None and stats.steps:
-            return {"comm/bytes_per_step": stats.bytes_per_step(),
-                    "comm/buckets_per_step": float(stats.buckets)}
+            return {COMM_BYTES_PER_STEP: stats.bytes_per_step(),
+                    COMM_BUCKETS_PER_STEP: float(stats.buckets)}
         return {}
 
     def take_comm_mark(self) -> Mark | None:

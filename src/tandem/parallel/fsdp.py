@@ -13,7 +13,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.blocks import find_blocks
+from tandem.parallel.registry import FSDP, StrategyInfo
 from tandem.parallel.strategy import Build, Pass, Strategy
 
 log = logging.getLogger("tandem")
@@ -117,7 +119,8 @@ DTYPES: dict[str, torch.dtype | None] = {
 class FSDPStrategy(Strategy):
     """FSDP2: parameters, gradients and optimizer state sharded over the ranks."""
 
-    name: ClassVar[str] = "fsdp"
+    info: ClassVar[StrategyInfo] = FSDP
+    name: ClassVar[str] = FSDP.name
     shards_weights: ClassVar[bool] = True
     syncs_each_backward: ClassVar[bool] = True
     wraps_meta: ClassVar[bool] = True
@@ -139,7 +142,7 @@ class FSDPStrategy(Strategy):
         assert self.model is not None, "wrap() first"
         plan = self.plan
         accum = max(1, round(micro_batches / max(steps, 1)))
-        return {"comm/bytes_per_step": bytes_per_step(
+        return {COMM_BYTES_PER_STEP: bytes_per_step(
             self.model, self.runtime.world_size, accum, plan.fsdp_reshard,
             DTYPES[plan.fsdp_param_dtype], DTYPES[plan.fsdp_reduce_dtype])}
 

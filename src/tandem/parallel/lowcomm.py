@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
+from tandem.parallel.registry import DILOCO, LOCALSGD, StrategyInfo, either, names
 from tandem.parallel.strategy import Strategy
 
 
@@ -42,9 +44,9 @@ class LowCommSync:
 
     def __init__(self, model: nn.Module, *, method: str, every: int, outer_lr: float = 0.7,
                  outer_momentum: float = 0.9) -> None:
-        if method not in ("localsgd", "diloco"):
+        if method not in names("meets_every"):
             raise ValueError(f"plan.strategy: {method!r} is not a low-communication method; "
-                             "use 'localsgd' or 'diloco'")
+                             f"use {either(names('meets_every'))}")
         if every < 1:
             raise ValueError(f"plan.sync_every: {every} must be >= 1")
         self.method, self.every = method, every
@@ -82,7 +84,7 @@ class LowCommSync:
         if step % self.every and not force:
             return False
         averaged = self._average()
-        if self.method == "localsgd":
+        if self.method == LOCALSGD.name:
             _unflatten_into(averaged, self.tensors)
             return True
         pseudo_grad = self.outer - averaged
@@ -105,7 +107,8 @@ class LowCommSync:
 class LowCommStrategy(Strategy):
     """Replicas train alone and meet every `plan.sync_every` steps (see the module doc)."""
 
-    name: ClassVar[str] = "localsgd"
+    info: ClassVar[StrategyInfo] = LOCALSGD
+    name: ClassVar[str] = LOCALSGD.name
     meetings: LowCommSync | None = None
 
     def _wrap(self, model: nn.Module) -> nn.Module:
@@ -125,7 +128,7 @@ class LowCommStrategy(Strategy):
         assert self.meetings is not None, "wrap() first"
         if not steps:
             return {}
-        return {"comm/bytes_per_step": self.meetings.take_bytes() / steps}
+        return {COMM_BYTES_PER_STEP: self.meetings.take_bytes() / steps}
 
     def state_dict(self) -> dict[str, Any]:
         """DiLoCo's outer parameters and momentum (kept for local SGD too: one format)."""
@@ -141,7 +144,7 @@ class LowCommStrategy(Strategy):
         """Plan entries for the run record."""
         entries: dict[str, object] = {"strategy": self.name,
                                       "sync_every": self.plan.sync_every}
-        if self.name == "diloco":
+        if self.name == DILOCO.name:
             entries |= {"outer_lr": self.plan.outer_lr,
                         "outer_momentum": self.plan.outer_momentum}
         return entries
@@ -150,4 +153,5 @@ class LowCommStrategy(Strategy):
 class DiLoCoStrategy(LowCommStrategy):
     """DiLoCo: an outer Nesterov step on the replicas' averaged change at each meeting."""
 
-    name: ClassVar[str] = "diloco"
+    info: ClassVar[StrategyInfo] = DILOCO
+    name: ClassVar[str] = DILOCO.name

@@ -35,8 +35,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.fsdp import gather
 from tandem.parallel.mesh import Layout, layout  # noqa: F401 - re-exported
+from tandem.parallel.registry import TP, StrategyInfo
 from tandem.parallel.strategy import Build, Strategy
 
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -124,7 +126,8 @@ class TensorParallelStrategy(Strategy):
     """Data x tensor parallel: the task's named layers split inside each group of `tp`
     ranks, gradients averaged over the data-parallel group after backward."""
 
-    name: ClassVar[str] = "tp"
+    info: ClassVar[StrategyInfo] = TP
+    name: ClassVar[str] = TP.name
     wraps_meta: ClassVar[bool] = True
 
     sync: GradientSync | None = None
@@ -156,7 +159,7 @@ class TensorParallelStrategy(Strategy):
         """The data-parallel all-reduce's bytes per step (see the module docstring)."""
         if self.sync is None or not self.sync.steps:
             return {}
-        return {"comm/bytes_per_step": self.sync.bytes_per_step()}
+        return {COMM_BYTES_PER_STEP: self.sync.bytes_per_step()}
 
     def export_model(self, build: Build) -> nn.Module:
         """The full weights gathered into a fresh plain module."""

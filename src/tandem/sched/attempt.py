@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.pids import alive
+from tandem.status import ExitStatus
 
 SPEC_FILE = "spec.json"
 SHIM_FILE = "shim.json"
@@ -41,7 +42,6 @@ LOG_FILE = "log.txt"
 CURRENT_FILE = "current"
 ORPHAN_POLL_S = 0.5
 GUARDIAN_ENV = "TANDEM_SCHED_GUARDIAN"
-PREEMPTED_STATUS = 75  # what `tandem run` returns after a graceful stop
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -88,7 +88,7 @@ def run(attempt_dir: Path) -> int:
     shim = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
     write_atomic(attempt_dir / SHIM_FILE, shim)  # from here on, a stop is relayed
     if relayed:
-        return _finish(attempt_dir, PREEMPTED_STATUS, relayed)
+        return _finish(attempt_dir, ExitStatus.PREEMPTED, relayed)
     env = dict(os.environ, **spec.get("env", {}))
     guardian = int(os.environ.get(GUARDIAN_ENV) or 0)
     with (attempt_dir / LOG_FILE).open("ab") as log:
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             # ended: nothing to run until the scheduler prepares the next one.
             print(f"tandem: {attempt_dir} has already ended; waiting for the scheduler",
                   file=sys.stderr)
-            return PREEMPTED_STATUS
+            return ExitStatus.PREEMPTED
         return run(attempt_dir)
     if len(args) != 1:
         print("usage: python -m tandem.sched.attempt ATTEMPT_DIR | --current JOB_DIR",

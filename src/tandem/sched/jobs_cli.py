@@ -20,6 +20,7 @@ from tandem.sched.measured import attempt_rates, read
 from tandem.sched.records import ACTIVE, Attempt, JobRecord
 from tandem.sched.service import sched_dir
 from tandem.sched.submit import USAGE, split_argv, submit
+from tandem.status import HOLDING_JOB_STATES, JobStatus
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
@@ -82,7 +83,7 @@ def queued_for(job: JobRecord, attempts: list[Attempt], now: float) -> float:
     for attempt in attempts:
         waited += max(0.0, attempt.launched - since)
         since = attempt.ended if attempt.ended is not None else float("inf")
-    if job.state == "queued" and since != float("inf"):
+    if job.state == JobStatus.QUEUED and since != float("inf"):
         waited += max(0.0, now - since)
     return waited
 
@@ -102,13 +103,13 @@ def queue(store_path: Path, show_all: bool, console: Console) -> None:
             measured = read(runs, job.run_name)
             base = measured.base_batch or 0
             batch = job.batch or base
-            rate = measured.latest_rate() if job.state in ("running", "stopping") else None
+            rate = measured.latest_rate() if job.state in HOLDING_JOB_STATES else None
             goodput = (rate * measured.efficiency(base).efficiency(batch)
                        if rate is not None and base else None)
             rates = attempt_rates(measured, attempts, base or 1)
             size = f"{job.procs} [{job.min_procs}:{job.max_procs}]"
             note = job.message or (f"-> {job.target_procs} ({job.stop_reason})"
-                                   if job.state == "stopping" else "")
+                                   if job.state == JobStatus.STOPPING else "")
             if not rate and rates:
                 note = note or "measured " + ", ".join(
                     f"{p}p: {r:,.0f}/s" for (p, _), r in sorted(rates.items()))
@@ -135,7 +136,8 @@ def logs(store_path: Path, job_id: str, only: int | None, tail: int) -> int:
         if only is not None and attempt.attempt != only:
             continue
         path = sched_dir(store_path) / job.job_id / f"attempt-{attempt.attempt}" / "log.txt"
-        ended = f"exit {attempt.exit_code} ({attempt.outcome})" if attempt.ended else "running"
+        ended = (f"exit {attempt.exit_code} ({attempt.outcome})" if attempt.ended
+                 else JobStatus.RUNNING)
         print(f"==> {job.job_id} attempt {attempt.attempt}: {attempt.procs} processes, "
               f"{ended}, {path} <==")
         try:

@@ -22,6 +22,7 @@ from typing import Any
 
 from tandem.monitor.store import BUSY_TIMEOUT_S, RunStore, StoreVersionError
 from tandem.sched.records import ACTIVE, Attempt, JobRecord
+from tandem.status import HOLDING_JOB_STATES, JobStatus
 
 SCHED_SCHEMA_VERSION = 1
 VERSION_KEY = "sched_schema_version"
@@ -152,11 +153,11 @@ class SchedStore:
             conn.execute(
                 "INSERT INTO sched_jobs (job_id, seq, name, script, args, cwd, env, min_procs,"
                 " max_procs, priority, adaptive_batch, max_batch, run_name, run_dir, "
-                "submitted, state) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?, 'queued')",
+                "submitted, state) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (job_id, seq, job.name, job.script, json.dumps(job.args), job.cwd,
                  json.dumps(job.env), job.min_procs, job.max_procs, job.priority,
                  int(job.adaptive_batch), job.max_batch, run_name, job.run_dir,
-                 job.submitted))
+                 job.submitted, JobStatus.QUEUED))
         return self.job(job_id)
 
     def job(self, job_id: str) -> JobRecord:
@@ -196,10 +197,11 @@ class SchedStore:
         Returns what happened, in words. Works whether or not the service runs.
         """
         job = self.job(job_id)
-        if self.update_job(job.job_id, ("queued",), state="cancelled", finished=time.time(),
-                           cancel_requested=1, message="cancelled while queued"):
+        if self.update_job(job.job_id, (JobStatus.QUEUED,), state=JobStatus.CANCELLED,
+                           finished=time.time(), cancel_requested=1,
+                           message="cancelled while queued"):
             return f"{job.job_id} cancelled (it was queued)"
-        if self.update_job(job.job_id, ("running", "stopping"), cancel_requested=1):
+        if self.update_job(job.job_id, HOLDING_JOB_STATES, cancel_requested=1):
             return (f"{job.job_id} will stop at its next logging window with a checkpoint "
                     "(the scheduler service does it)")
         return f"{job.job_id} is already {self.job(job.job_id).state}; nothing to cancel"
@@ -212,11 +214,12 @@ class SchedStore:
         changed the job meanwhile: the launch must not go ahead."""
         with self.tx() as conn:
             ok = conn.execute(
-                "UPDATE sched_jobs SET state='running', procs=?, batch=?, target_procs=NULL,"
+                "UPDATE sched_jobs SET state=?, procs=?, batch=?, target_procs=NULL,"
                 " target_batch=NULL, stop_reason=NULL WHERE job_id=? AND state IN "
-                "('queued', 'stopping') AND cancel_requested=0 AND NOT EXISTS (SELECT 1 FROM "
+                "(?, ?) AND cancel_requested=0 AND NOT EXISTS (SELECT 1 FROM "
                 "sched_attempts WHERE job_id=? AND ended IS NULL)",
-                (procs, batch, job_id, job_id)).rowcount == 1
+                (JobStatus.RUNNING, procs, batch, job_id, JobStatus.QUEUED, JobStatus.STOPPING,
+                 job_id)).rowcount == 1
             if ok:
                 conn.execute(
                     "INSERT INTO sched_attempts (job_id, attempt, backend, handle, procs, "
@@ -236,9 +239,10 @@ class SchedStore:
         """Mark a running job as stopping (graceful), with the size to come back at."""
         with self.tx() as conn:
             ok = conn.execute(
-                "UPDATE sched_jobs SET state='stopping', target_procs=?, target_batch=?, "
-                "stop_reason=?, decided=? WHERE job_id=? AND state='running'",
-                (target_procs, target_batch, reason, decided, job_id)).rowcount == 1
+                "UPDATE sched_jobs SET state=?, target_procs=?, target_batch=?, "
+                "stop_reason=?, decided=? WHERE job_id=? AND state=?",
+                (JobStatus.STOPPING, target_procs, target_batch, reason, decided, job_id,
+                 JobStatus.RUNNING)).rowcount == 1
             if ok:
                 conn.execute("UPDATE sched_attempts SET stop_requested=?, stop_reason=? "
                              "WHERE job_id=? AND attempt=?", (decided, reason, job_id, attempt))

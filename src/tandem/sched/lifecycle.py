@@ -16,14 +16,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tandem.errors import USAGE_EXIT_CODE
 from tandem.sched.jobstore import SchedStore
 from tandem.sched.measured import Measured
 from tandem.sched.records import Attempt, JobRecord
+from tandem.status import GRACEFUL_EXITS, HOLDING_JOB_STATES, AttemptOutcome, ExitStatus, JobStatus
 
-PREEMPTED_EXIT_CODE = 75  # tandem.trainer.guard's, kept literal: the service imports no torch
-INTERRUPTED_EXIT_CODE = 130
-GRACEFUL = (PREEMPTED_EXIT_CODE, INTERRUPTED_EXIT_CODE)
 SIGTERM_STATUS = 128 + 15
 
 
@@ -32,14 +29,14 @@ def outcome_of(code: int | None, stop_requested: bool = False) -> str:
     (before its job could turn it into a commit) was stopped too: it resumes from its
     last checkpoint, as any stopped job does."""
     if code is None:
-        return "lost"
-    if code == 0:
-        return "completed"
-    if code in GRACEFUL or (stop_requested and code == SIGTERM_STATUS):
-        return "stopped"
-    if code == USAGE_EXIT_CODE:
-        return "usage"
-    return "failed"
+        return AttemptOutcome.LOST
+    if code == ExitStatus.OK:
+        return AttemptOutcome.COMPLETED
+    if code in GRACEFUL_EXITS or (stop_requested and code == SIGTERM_STATUS):
+        return AttemptOutcome.STOPPED
+    if code == ExitStatus.USAGE:
+        return AttemptOutcome.USAGE
+    return AttemptOutcome.FAILED
 
 
 def last_line(log_path: Path) -> str:
@@ -58,38 +55,38 @@ def settle(store: SchedStore, job: JobRecord, attempt: Attempt, code: int | None
            ended: float, max_failures: int, log_path: Path) -> str:
     """Record the attempt's end and move its job to its next state; returns that state.
 
-    A job left in 'stopping' with a positive target size is waiting to be relaunched at
+    A job left stopping with a positive target size is waiting to be relaunched at
     that size (the service does it as soon as the slots are free).
     """
     outcome = outcome_of(code, attempt.stop_requested is not None)
     store.close_attempt(job.job_id, attempt.attempt, code, outcome, ended)
-    expect = ("running", "stopping")
-    if job.cancel_requested and outcome != "completed":
-        state = "cancelled"
+    expect = HOLDING_JOB_STATES
+    if job.cancel_requested and outcome != AttemptOutcome.COMPLETED:
+        state = JobStatus.CANCELLED
         store.update_job(job.job_id, expect, state=state, procs=0, finished=ended,
                          message=f"cancelled (attempt {attempt.attempt}: {outcome})")
-    elif outcome == "completed":
-        state = "completed"
+    elif outcome == AttemptOutcome.COMPLETED:
+        state = JobStatus.COMPLETED
         store.update_job(job.job_id, expect, state=state, procs=0, finished=ended,
                          message=None)
-    elif outcome == "usage":
-        state = "failed"
+    elif outcome == AttemptOutcome.USAGE:
+        state = JobStatus.FAILED
         store.update_job(job.job_id, expect, state=state, procs=0, finished=ended,
                          message=last_line(log_path) or "usage error (exit status 2)")
-    elif outcome == "stopped":
-        resize = job.state == "stopping" and (job.target_procs or 0) > 0
-        state = "stopping" if resize else "queued"
+    elif outcome == AttemptOutcome.STOPPED:
+        resize = job.state == JobStatus.STOPPING and (job.target_procs or 0) > 0
+        state = JobStatus.STOPPING if resize else JobStatus.QUEUED
         store.update_job(job.job_id, expect, state=state, procs=0)
     else:
         failures = job.failures + 1
         why = (f"attempt {attempt.attempt} {'was lost' if code is None else f'exited {code}'}"
                f": {last_line(log_path)}")
         if failures > max_failures:
-            state = "failed"
+            state = JobStatus.FAILED
             store.update_job(job.job_id, expect, state=state, procs=0, finished=ended,
                              failures=failures, message=f"{failures} failures; last: {why}")
         else:
-            state = "queued"
+            state = JobStatus.QUEUED
             store.update_job(job.job_id, expect, state=state, procs=0, failures=failures,
                              target_procs=None, target_batch=None, stop_reason=None,
                              message=f"resuming from its checkpoint after: {why}")

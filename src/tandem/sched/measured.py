@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.monitor.catalogue import GRAD_NOISE_SCALE, SAMPLES_PER_S
 from tandem.monitor.store import RunStore
 from tandem.sched.efficiency import EfficiencyModel
 from tandem.sched.records import Attempt
 from tandem.sched.throughput import StepSample, ThroughputModel
 
-NOISE_METRIC = "grad_noise_scale"
-RATE_METRIC = "samples_per_s"
+NOISE_METRIC = GRAD_NOISE_SCALE
+RATE_METRIC = SAMPLES_PER_S
 NOISE_WINDOWS = 3  # the noise scale is the median of this many latest windows
 
 

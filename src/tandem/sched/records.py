@@ -21,9 +21,11 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
 
-STATES = ("queued", "running", "stopping", "completed", "failed", "cancelled")
-ACTIVE = ("queued", "running", "stopping")
-DONE = ("completed", "failed", "cancelled")
+from tandem.status import ACTIVE_JOB_STATES, DONE_JOB_STATES, AttemptOutcome, JobStatus
+
+STATES = tuple(JobStatus)
+ACTIVE = ACTIVE_JOB_STATES
+DONE = DONE_JOB_STATES
 STOP_REASONS = ("preempt", "resize", "cancel")
 
 
@@ -55,7 +57,7 @@ class JobRecord:
     run_dir: str = ""
     """`--run.dir` of every attempt."""
     submitted: float = 0.0
-    state: str = "queued"
+    state: JobStatus = JobStatus.QUEUED
     procs: int = 0
     """Processes held now (running or stopping)."""
     batch: int | None = None
@@ -81,6 +83,7 @@ class JobRecord:
         data["env"] = json.loads(data["env"])
         data["adaptive_batch"] = bool(data["adaptive_batch"])
         data["cancel_requested"] = bool(data["cancel_requested"])
+        data["state"] = JobStatus(data["state"])
         return cls(**data)
 
 
@@ -101,7 +104,7 @@ class Attempt:
     stop_reason: str | None = None
     ended: float | None = None
     exit_code: int | None = None
-    outcome: str | None = None
+    outcome: AttemptOutcome | None = None
     """completed, stopped (graceful, exit 75), failed, usage (exit 2), lost."""
 
     @classmethod
@@ -109,6 +112,8 @@ class Attempt:
         """An attempt from a `sched_attempts` row."""
         data = dict(row)
         data["handle"] = json.loads(data["handle"])
+        if data["outcome"] is not None:
+            data["outcome"] = AttemptOutcome(data["outcome"])
         return cls(**data)
 
     def held(self, now: float) -> float:

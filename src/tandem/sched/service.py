@@ -40,6 +40,7 @@ from tandem.sched.measured import read
 from tandem.sched.policy import Policy
 from tandem.sched.records import ACTIVE, Attempt, JobRecord
 from tandem.sched.views import DEFAULT_RESTART_DELAY_S, JobState, choose_batch
+from tandem.status import HOLDING_JOB_STATES, AttemptOutcome, JobStatus
 
 log = logging.getLogger("tandem")
 MAX_FAILED_TICKS = 20
@@ -168,7 +169,7 @@ class Service:
                             attempt.attempt)
                 self.store.close_attempt(job.job_id, attempt.attempt, None, "never-started",
                                          time.time())
-                self.store.update_job(job.job_id, ACTIVE, state="queued", procs=0)
+                self.store.update_job(job.job_id, ACTIVE, state=JobStatus.QUEUED, procs=0)
                 continue
             if not attempt.handle:
                 self.store.set_handle(job.job_id, attempt.attempt, handle)
@@ -223,7 +224,7 @@ class Service:
                                  self.options.max_failures, log_path)
         log.info("%s attempt %d ended (%s, exit %s): %s", job.job_id, attempt.attempt,
                  lifecycle.outcome_of(code, attempt.stop_requested is not None), code, state)
-        if state in ("queued",) and attempt.stop_requested is None:
+        if state == JobStatus.QUEUED and attempt.stop_requested is None:
             # Not asked to stop (a failure, another's preemption): resumed at the next
             # decision, which records how long training was lost.
             self.store.record_resize(lifecycle.stop_record(job, attempt, "recover", ended,
@@ -238,24 +239,24 @@ class Service:
     def carry_out(self, now: float) -> None:
         """Cancellations, overdue stops, relaunches after resizes, launches that now fit."""
         open_attempts = {a.job_id: a for a in self.store.attempts(open_only=True)}
-        for job in self.store.jobs(("running", "stopping")):
+        for job in self.store.jobs(HOLDING_JOB_STATES):
             attempt = open_attempts.get(job.job_id)
             if attempt is None:
                 continue
-            if job.cancel_requested and job.state == "running":
+            if job.cancel_requested and job.state == JobStatus.RUNNING:
                 self.store.request_stop(job.job_id, attempt.attempt, "cancel", 0, None, now)
-            elif (job.state == "stopping" and attempt.stop_requested is not None
+            elif (job.state == JobStatus.STOPPING and attempt.stop_requested is not None
                   and now - attempt.stop_requested > self.options.stop_timeout_s):
                 log.warning("%s did not stop within %.0f s: killing it", job.job_id,
                             self.options.stop_timeout_s)
                 self.backend.kill(attempt.handle)
         self.deliver_stops()
         free = self.cluster.capacity - self.held()
-        for job in self.store.jobs(("stopping",)):  # resized: relaunch at the new size
+        for job in self.store.jobs((JobStatus.STOPPING,)):  # resized: relaunch at the new size
             if job.job_id in open_attempts or not job.target_procs:
                 continue
             if job.cancel_requested:
-                self.store.update_job(job.job_id, ("stopping",), state="cancelled",
+                self.store.update_job(job.job_id, (JobStatus.STOPPING,), state=JobStatus.CANCELLED,
                                       finished=now, message="cancelled between sizes")
                 continue
             if job.target_procs <= free and self.launch(job, job.target_procs,
@@ -263,7 +264,7 @@ class Service:
                 free -= job.target_procs
         for job_id, (procs, batch) in list(self.intents.items()):
             job = self.store.job(job_id)
-            if job.state != "queued" or job.cancel_requested:
+            if job.state != JobStatus.QUEUED or job.cancel_requested:
                 self.intents.pop(job_id)
             elif procs <= free:
                 self.intents.pop(job_id)
@@ -276,7 +277,7 @@ class Service:
         that, neither the launcher nor the ranks turn SIGTERM into a commit yet). After a
         restart every pending stop is sent again: a second SIGTERM is harmless."""
         open_attempts = {a.job_id: a for a in self.store.attempts(open_only=True)}
-        for job in self.store.jobs(("stopping",)):
+        for job in self.store.jobs((JobStatus.STOPPING,)):
             attempt = open_attempts.get(job.job_id)
             if attempt is None or (job.job_id, attempt.attempt) in self.stops_sent:
                 continue
@@ -305,9 +306,11 @@ class Service:
             handle = self.backend.launch(plan, spec)
         except Exception as err:  # the engine refused: the job cannot run there
             log.error("%s: launch failed: %s", job.job_id, err)
-            self.store.close_attempt(job.job_id, number, None, "launch-failed", time.time())
-            self.store.update_job(job.job_id, ("running",), state="failed", procs=0,
-                                  finished=time.time(), message=f"launch failed: {err}")
+            self.store.close_attempt(job.job_id, number, None, AttemptOutcome.LAUNCH_FAILED,
+                                     time.time())
+            self.store.update_job(job.job_id, (JobStatus.RUNNING,), state=JobStatus.FAILED,
+                                  procs=0, finished=time.time(),
+                                  message=f"launch failed: {err}")
             return False
         self.store.set_handle(job.job_id, number, handle)
         log.info("%s: attempt %d on %d processes%s", job.job_id, number, procs,
@@ -317,14 +320,14 @@ class Service:
     # ------------------------------------------------------------------ decide
     def decision_due(self, now: float) -> bool:
         """A job arrived or ended, or the interval passed; and no job is between sizes."""
-        if self.store.jobs(("stopping",)):
+        if self.store.jobs((JobStatus.STOPPING,)):
             return False
         jobs = self.store.jobs()
         seen = (len(jobs), sum(1 for j in jobs if j.state not in ACTIVE))
-        queued = any(j.state == "queued" for j in jobs)
+        queued = any(j.state == JobStatus.QUEUED for j in jobs)
         changed = seen != self.seen
         return changed or (now - self.last_decision >= self.options.interval_s
-                           and (queued or any(j.state == "running" for j in jobs)))
+                           and (queued or any(j.state == JobStatus.RUNNING for j in jobs)))
 
     def states(self) -> list[JobState]:
         """Every active job that is not being cancelled, with what it measured."""
@@ -334,7 +337,7 @@ class Service:
         measured = [d for job_delays in delays.values() for d in job_delays]
         default = statistics.median(measured) if measured else self.options.restart_delay_s
         out = []
-        for job in self.store.jobs(("queued", "running")):
+        for job in self.store.jobs((JobStatus.QUEUED, JobStatus.RUNNING)):
             if job.cancel_requested:
                 continue
             out.append(JobState(record=job, attempts=self.store.attempts(job.job_id),
@@ -373,7 +376,7 @@ class Service:
         open_attempts = {a.job_id: a for a in self.store.attempts(open_only=True)}
         for state, view in zip(states, views, strict=True):
             job, size = state.record, sizes[view.job_id]
-            if job.state == "running" and size != job.procs:
+            if job.state == JobStatus.RUNNING and size != job.procs:
                 attempt = open_attempts[job.job_id]
                 batch = choose_batch(state, view, size, self.cluster) if size else None
                 kind = "preempt" if size == 0 else "resize"
@@ -381,7 +384,7 @@ class Service:
                     self.store.record_resize(lifecycle.stop_record(job, attempt, kind, now,
                                                                    size, batch))
                     changes[job.job_id] = f"{kind} {job.procs} -> {size}"
-            elif job.state == "queued" and size:
+            elif job.state == JobStatus.QUEUED and size:
                 self.intents[job.job_id] = (size, choose_batch(state, view, size,
                                                                self.cluster))
                 changes[job.job_id] = f"start on {size}"

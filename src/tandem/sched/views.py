@@ -19,6 +19,7 @@ from tandem.sched.goodput import GoodputModel
 from tandem.sched.job import BatchLimits, JobSpec, JobView
 from tandem.sched.measured import Measured, attempt_rates, throughput_model
 from tandem.sched.records import Attempt, JobRecord
+from tandem.status import HOLDING_JOB_STATES
 
 DEFAULT_RESTART_DELAY_S = 15.0  # before a job has measured one of its own
 ADAPTIVE_MAX_FACTOR = 4  # an adaptive job's largest batch, times its own, by default
@@ -72,7 +73,7 @@ class JobState:
         rates = self.rates()
         base = self.base_batch or 1
         delays = list(self.restart_delays)
-        held = self.record.state in ("running", "stopping")
+        held = self.record.state in HOLDING_JOB_STATES
         return JobView(
             spec=self.spec(epoch), placement=(0,) * self.record.procs if held else (),
             running_since=self.running_since(epoch, now),
@@ -90,7 +91,7 @@ class JobState:
         'segment' event (the moment the simulator's restart delay ends), else its first
         window; `now` for a running attempt that has not trained yet; None when nothing
         runs."""
-        if self.record.state not in ("running", "stopping"):
+        if self.record.state not in HOLDING_JOB_STATES:
             return None
         current = [a for a in self.attempts if a.ended is None]
         if not current:

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from tandem.status import ExitStatus
+
 if TYPE_CHECKING:
     import torch
 
 
 log = logging.getLogger("tandem")
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: try again later, the run is resumable
-INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
 # A second SIGINT this soon after the first is the same Ctrl-C (the terminal sends it to
 # the launcher and to every worker, and torchrun forwards its own): not a second press.
 SAME_PRESS_S = 1.0
@@ -28,7 +28,7 @@ class Preempted(SystemExit):
     """The run stopped at a step boundary after committing a checkpoint; run it again."""
 
     def __init__(self, step: int, checkpoint: str) -> None:
-        super().__init__(PREEMPTED_EXIT_CODE)
+        super().__init__(ExitStatus.PREEMPTED)
         self.step, self.checkpoint = step, checkpoint
 
     def __str__(self) -> str:
@@ -40,7 +40,7 @@ class Interrupted(Preempted):
 
     def __init__(self, step: int, checkpoint: str) -> None:
         super().__init__(step, checkpoint)
-        self.code = INTERRUPTED_EXIT_CODE
+        self.code = ExitStatus.INTERRUPTED
 
     def __str__(self) -> str:
         return f"interrupted at step {self.step}; resumable from {self.checkpoint}"

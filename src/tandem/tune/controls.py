@@ -50,6 +50,7 @@ from typing import Any
 from tandem.analyze.diagnose import IN_MEMORY_DATA, NO_COMM
 from tandem.analyze.finding import VALIDATION_PREFIX
 from tandem.monitor.store import RunStore
+from tandem.parallel import registry as strategies
 from tandem.tune import stats
 from tandem.tune.arms import PLACEBO, Arm, Bench
 from tandem.tune.space import DATA_CONTROL, control_of, flatten
@@ -89,7 +90,7 @@ def control_arm(control: str, job: Mapping[str, Any], reference: Mapping[str, An
             return None
         every = int(plan.get("checkpoint.every") or 0)
         sync = every * math.ceil(BEYOND_RUN / every) if every else BEYOND_RUN
-        changes = {**reference, "plan.strategy": "localsgd", "plan.comm_hook": "none",
+        changes = {**reference, "plan.strategy": strategies.LOCALSGD.name, "plan.comm_hook": "none",
                    "plan.sync_every": sync, "monitor.calibrate_at": 0}
         if plan.get("fault.nonfinite") == "rollback":  # localsgd refuses it; no timing role
             changes["fault.nonfinite"] = "skip"

@@ -43,6 +43,7 @@ from rich.console import Console
 
 from tandem.config import parse_target
 from tandem.monitor.store import RunStore, environment
+from tandem.status import RunStatus
 from tandem.tune import planfile
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
@@ -189,7 +190,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     try:
         result = _search(ns, runner, session, record, records, started, budget)
     except BaseException as err:
-        _finish(runner, session, "failed", {"error": f"{type(err).__name__}: {err}"})
+        _finish(runner, session, RunStatus.FAILED, {"error": f"{type(err).__name__}: {err}"})
         raise
     path = planfile.write(Path(ns.out), planfile.render(result, ns.script, runner.nproc,
                                                         str(runner.store_path), ns.min_gain))
@@ -248,7 +249,7 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
                         trials=len(study.trials), wall_s=time.monotonic() - started,
                         speedup=speedup, findings=[], baseline=None, evidence=evidence,
                         decision=decision)
-    _finish(runner, session, "completed", {"chosen": changes, "trials": len(study.trials),
+    _finish(runner, session, RunStatus.COMPLETED, {"chosen": changes, "trials": len(study.trials),
                                           "wall_s": result.wall_s,
                                           "best_objective_s": best.value if best else None,
                                           "baseline_objective_s": base_value,

@@ -24,6 +24,21 @@ from typing import Any
 import psutil
 
 from tandem.analyze.figures import by_name, steady_median
+from tandem.monitor.catalogue import (
+    COMM_ALLREDUCE_RATE,
+    COMM_BUCKETS_PER_STEP,
+    COMM_BYTES_PER_STEP,
+    COMM_LATENCY,
+    MEM_CUDA_ALLOCATED,
+    MEM_CUDA_PEAK,
+    MEM_CUDA_TOTAL,
+    MEM_RSS,
+    TIME_CHECKPOINT_BLOCKING,
+    TIME_COMM_EXPOSED,
+    TIME_COMPUTE,
+    TIME_DATA,
+    TIME_STEP,
+)
 from tandem.tune.stats import WindowFigure, warmup_windows
 
 
@@ -102,14 +117,14 @@ def _job(groups: Mapping[str, Sequence[Mapping[str, Any]]], name: str) -> float 
 
 def _rss(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | None:
     per_rank: dict[int, list[float]] = {}
-    for row in groups.get("mem/rss_bytes", ()):
+    for row in groups.get(MEM_RSS, ()):
         if row["rank"] >= 0 and math.isfinite(row["value"]):
             per_rank.setdefault(row["rank"], []).append(row["value"])
     return max((max(v) for v in per_rank.values()), default=None)
 
 
 def _grad_bytes(groups: Mapping[str, Sequence[Mapping[str, Any]]], world: int) -> float | None:
-    sent = _job(groups, "comm/bytes_per_step")
+    sent = _job(groups, COMM_BYTES_PER_STEP)
     if sent is None or world < 2:
         return None
     return sent / (2 * (world - 1) / world)  # a ring all-reduce sends 2(N-1)/N of it
@@ -122,18 +137,18 @@ def measured_from(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, An
     flat settings (`config`) and the logging window the run used (`log_every`)."""
     groups = by_name(metrics)
     costs = cadence_costs(windows, dict(config), dict(summary), groups)
-    peak = _job(groups, "mem/cuda_peak_bytes")
+    peak = _job(groups, MEM_CUDA_PEAK)
     return Measured(
         world=world, cpus=cpu_count(), config=dict(config), summary=dict(summary),
         threads=current_threads(config, os.environ if env is None else env),
-        step_s=_job(groups, "time/step"), data_s=_job(groups, "time/data"),
-        compute_s=_job(groups, "time/compute"), comm_s=_job(groups, "time/comm_exposed"),
-        latency_s=_job(groups, "comm/latency_s"),
-        bandwidth=_job(groups, "comm/allreduce_bytes_per_s"),
-        grad_bytes=_grad_bytes(groups, world), buckets=_job(groups, "comm/buckets_per_step"),
+        step_s=_job(groups, TIME_STEP), data_s=_job(groups, TIME_DATA),
+        compute_s=_job(groups, TIME_COMPUTE), comm_s=_job(groups, TIME_COMM_EXPOSED),
+        latency_s=_job(groups, COMM_LATENCY),
+        bandwidth=_job(groups, COMM_ALLREDUCE_RATE),
+        grad_bytes=_grad_bytes(groups, world), buckets=_job(groups, COMM_BUCKETS_PER_STEP),
         rss_bytes=_rss(groups), available_bytes=float(psutil.virtual_memory().available),
-        cuda_peak=peak, cuda_total=_job(groups, "mem/cuda_total_bytes") if peak else None,
-        cuda_allocated=_job(groups, "mem/cuda_allocated_bytes") if peak else None,
+        cuda_peak=peak, cuda_total=_job(groups, MEM_CUDA_TOTAL) if peak else None,
+        cuda_allocated=_job(groups, MEM_CUDA_ALLOCATED) if peak else None,
         eval_s=costs.get("eval"), checkpoint_s=costs.get("checkpoint"),
         log_s=costs.get("log"), log_every=log_every)
 
@@ -178,7 +193,7 @@ def cadence_costs(windows: Sequence[WindowFigure], config: Mapping[str, Any],
         log_cost = out.get("log", 0.0)
         out["checkpoint"] = max(0.0, statistics.median((o - log_cost) / n
                                                        for o, n in with_ckpt))
-    blocking = [r["value"] for r in groups.get("time/checkpoint_blocking_s", ())
+    blocking = [r["value"] for r in groups.get(TIME_CHECKPOINT_BLOCKING, ())
                 if math.isfinite(r["value"])]
     if blocking and "checkpoint" not in out:
         out["checkpoint"] = statistics.median(blocking)

@@ -43,6 +43,7 @@ from typing import Any
 
 from tandem.analyze.diagnose import Finding, diagnose
 from tandem.monitor.store import RunStore, environment
+from tandem.status import RunStatus
 from tandem.tune import controls, guard, sizing, space
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
@@ -124,13 +125,13 @@ class Tuner:
                              "nproc": self.runner.nproc},
                             dict(self.runner.base_plan),
                             environment(world_size=self.runner.nproc))
-        status = "failed"
+        status = RunStatus.FAILED
         try:
             result = self._tune()
-            status = "completed"
+            status = RunStatus.COMPLETED
             return result
         finally:
-            summary = self._summary() if status == "completed" else {"trials": self.trials}
+            summary = self._summary() if status == RunStatus.COMPLETED else {"trials": self.trials}
             with self._store() as store:
                 store.finish_run(self.session, status, summary)
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import psutil
 
+from tandem.parallel import registry as strategies
 from tandem.tune.measure import Measured
 from tandem.tune.space import Candidate, _ddp
 
@@ -138,7 +139,7 @@ def cadence(m: Measured) -> list[Candidate]:
         return []
     out = []
     multiple = (int(m.config.get("plan.sync_every") or 1)
-                if m.config.get("plan.strategy") in ("localsgd", "diloco") else 1)
+                if m.config.get("plan.strategy") in strategies.names("meets_every") else 1)
     for key, cost, every, what in (
             ("train.eval_every", m.eval_s, int(m.config.get("train.eval_every") or 0),
              "an evaluation"),

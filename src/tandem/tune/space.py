@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.config import Config, _field_types, _set, sections, validate
+from tandem.parallel import registry as strategies
 
 DATA_CONTROL = "data"
 COMM_CONTROL = "comm"
@@ -34,7 +35,8 @@ LOSSY_KEYS = frozenset({
     "train.global_batch", "train.batch_ramp",
 })
 # plan.strategy values that keep DDP's math (FSDP is tested equal to DDP).
-EXACT_STRATEGIES = frozenset({"auto", "ddp", "fsdp", "single"})
+EXACT_STRATEGIES = frozenset(strategies.names("exact"))
+HOOKED_STRATEGIES = strategies.names("takes_comm_hook")  # DDP and auto
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def check(base: Mapping[str, Any], changes: Mapping[str, Any], world: int = 1) -
 
 
 def _ddp(base: Mapping[str, Any], world: int) -> bool:
-    return (world > 1 and str(base.get("plan.strategy", "auto")) in ("auto", "ddp")
+    return (world > 1 and str(base.get("plan.strategy", strategies.AUTO.name)) in HOOKED_STRATEGIES
             and int(base.get("plan.tp", 1) or 1) == 1)
 
 
@@ -136,8 +138,8 @@ def comm_remedies(base: Mapping[str, Any], reason: str, world: int,
         out += [Candidate({"plan.comm_hook": "fp16"}, "comm", reason, predicted=predicted),
                 Candidate({"plan.comm_hook": "powersgd"}, "comm", reason,
                           predicted=predicted)]
-    out.append(Candidate({"plan.strategy": "localsgd", "plan.comm_hook": "none"}, "comm",
-                         reason, predicted=predicted))
+    out.append(Candidate({"plan.strategy": strategies.LOCALSGD.name, "plan.comm_hook": "none"},
+                         "comm", reason, predicted=predicted))
     if not base.get("plan.static_graph") and accumulation(base, world) == 1:
         out.append(Candidate({"plan.static_graph": True}, "comm", reason))
     return out
@@ -148,9 +150,9 @@ def memory_remedies(base: Mapping[str, Any], reason: str, world: int) -> list[Ca
     out = []
     if _have("plan.activation_checkpointing") and not base.get("plan.activation_checkpointing"):
         out.append(Candidate({"plan.activation_checkpointing": True}, "memory", reason))
-    if world > 1 and str(base.get("plan.strategy", "auto")) in ("auto", "ddp"):
-        out.append(Candidate({"plan.strategy": "fsdp", "plan.comm_hook": "none"}, "memory",
-                             reason))
+    if world > 1 and str(base.get("plan.strategy", strategies.AUTO.name)) in HOOKED_STRATEGIES:
+        out.append(Candidate({"plan.strategy": strategies.FSDP.name, "plan.comm_hook": "none"},
+                             "memory", reason))
     return out
 
 

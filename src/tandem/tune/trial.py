@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config_schema import _toml_value
+from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP
 from tandem.monitor.store import RunStore
+from tandem.status import RunStatus
 from tandem.tune import shim
 from tandem.tune.space import DATA_CONTROL
 from tandem.tune.stats import WindowFigure, run_rates
@@ -238,15 +240,15 @@ class TrialRunner:
             except ValueError:
                 return RunOutcome(name, ok=False, error="the run never started")
             rid = run["run_id"]
-            rate_rows = store.metrics(rid, name="samples_per_s", rank=-1)
-            step_s = {m["step"]: m["value"] for m in store.metrics(rid, name="time/step",
+            rate_rows = store.metrics(rid, name=SAMPLES_PER_S, rank=-1)
+            step_s = {m["step"]: m["value"] for m in store.metrics(rid, name=TIME_STEP,
                                                                    rank=-1)}
-            losses = [(m["step"], m["value"]) for m in store.metrics(rid, name="loss", rank=-1)]
-        return RunOutcome(name, ok=run["status"] == "completed", run_id=rid,
+            losses = [(m["step"], m["value"]) for m in store.metrics(rid, name=LOSS, rank=-1)]
+        return RunOutcome(name, ok=run["status"] == RunStatus.COMPLETED, run_id=rid,
                           rates=[m["value"] for m in rate_rows if math.isfinite(m["value"])],
                           windows=windows_of(rate_rows, step_s), losses=losses,
                           summary=run.get("summary") or {},
-                          error="" if run["status"] == "completed" else
+                          error="" if run["status"] == RunStatus.COMPLETED else
                           f"run status {run['status']}")
 
 

@@ -2,30 +2,31 @@
 "use strict";
 (() => {
   const d = T.data(), run = d.run, LIMIT = d.points;
-  const TRAINING = new Set(["loss", "samples_per_s", "tokens_per_s", "grad_norm", "lr",
-    "loss_scale", "update_ratio", "mfu"]);
-  const STEP_NAMES = new Set(["time/step", "time/step_p50", "time/step_max"]);
+  // Metric names and groups come from the served catalogue (tandem.monitor.catalogue).
+  const C = T.catalogue, M = C.names, G = C.groups;
+  const TRAINING = new Set(G.TRAINING_CURVES);
+  const STEP_NAMES = new Set(G.STEP_TIMES);
   // Under time/ but not a part of each step: a checkpoint's wait, calibration's running
   // cost, the wire time the link predicts. Each gets its own chart, not the phase split.
-  const NOT_PHASES = new Set(["time/checkpoint_blocking_s", "time/calibration_s",
-    "time/wire_predicted"]);
-  const HEAT_NAMES = Object.keys(d.heatmaps).concat(["time/step", "straggler/score"]);
+  const NOT_PHASES = new Set(G.NOT_PHASES);
+  const HEAT_NAMES = Object.keys(d.heatmaps).concat(G.HEATMAPS);
+  const unit = (name) => (C.metrics[name] || {}).unit;
   T.run = run; T.events = d.events; T.segments = d.segments; T.lines = {}; T.heat = {};
 
   // Where a metric is drawn: [chart id, section, title]; null: only in a heatmap.
   const place = (name) => {
-    if (name === "loss" || (!name.includes("/") && !TRAINING.has(name) && name.includes("loss"))) return ["loss", "curves", "loss"];
-    if (name === "samples_per_s") return ["throughput", "curves", "throughput (samples/s)"];
-    if (name === "tokens_per_s") return ["tokens", "curves", "throughput (tokens/s)"];
-    if (STEP_NAMES.has(name)) return ["steptime", "phases", "step time (s): mean, p50, max"];
-    if (name.startsWith("time/") && !NOT_PHASES.has(name)) return ["phases", "phases", "step-time split: seconds per step by phase"];
-    if (name === "straggler/score") return null;
-    if (name.startsWith("sys/") || name.startsWith("mem/")) return [name, "system", name];
+    if (name === M.LOSS || (!name.includes("/") && !TRAINING.has(name) && name.includes(M.LOSS))) return ["loss", "curves", "loss"];
+    if (name === M.SAMPLES_PER_S) return ["throughput", "curves", `throughput (${unit(M.SAMPLES_PER_S)})`];
+    if (name === M.TOKENS_PER_S) return ["tokens", "curves", `throughput (${unit(M.TOKENS_PER_S)})`];
+    if (STEP_NAMES.has(name)) return ["steptime", "phases", `step time (${unit(M.TIME_STEP)}): mean, p50, max`];
+    if (name.startsWith(M.TIME_PREFIX) && !NOT_PHASES.has(name)) return ["phases", "phases", "step-time split: seconds per step by phase"];
+    if (name === M.STRAGGLER_SCORE) return null;
+    if (name.startsWith(M.SYS_PREFIX) || name.startsWith(M.MEM_PREFIX)) return [name, "system", name];
     if (!name.includes("/") || TRAINING.has(name)) return [name, "curves", name];
     return [name, "other", name];
   };
-  const order = (name) => name === "loss" ? 0 : (!name.includes("/") && !TRAINING.has(name)) ? 1
-    : name === "samples_per_s" ? 2 : name === "tokens_per_s" ? 3 : 4;
+  const order = (name) => name === M.LOSS ? 0 : (!name.includes("/") && !TRAINING.has(name)) ? 1
+    : name === M.SAMPLES_PER_S ? 2 : name === M.TOKENS_PER_S ? 3 : 4;
   const withMarkers = new Set(["loss", "throughput", "tokens"]);
 
   const lineFor = (name, rank, raw) => {
@@ -46,7 +47,7 @@
   // ---------------------------------------------------------------- heatmaps
   const color = (name, v, lo, hi) => {
     if (!Number.isFinite(v)) return "#9e9e9e";
-    if (name === "straggler/score") {
+    if (name === M.STRAGGLER_SCORE) {
       const t = Math.max(-1, Math.min(1, (v - 1) / 0.5));
       return t >= 0 ? `rgb(255,${Math.round(255 - 200 * t)},${Math.round(255 - 220 * t)})`
         : `rgb(${Math.round(255 + 160 * t)},${Math.round(255 + 100 * t)},255)`;
@@ -69,7 +70,7 @@
     }));
     h.scale.textContent = `${h.ranks.length} ranks × ${h.step.length} windows (each cell: the ` +
       `largest value in its windows) · min ${T.fmt(lo)} · max ${T.fmt(hi)}` +
-      (name === "straggler/score" ? " · white = the median rank, red = slower" : "");
+      (name === M.STRAGGLER_SCORE ? " · white = the median rank, red = slower" : "");
     box.dataset.columns = h.step.length;
   };
   const heatmap = (name, raw) => {
@@ -128,12 +129,12 @@
 
   // ---------------------------------------------------------------- text parts
   const header = () => {
-    const env = run.env || {}, last = T.lines.loss && T.lines.loss["-1"];
+    const env = run.env || {}, last = T.lines[M.LOSS] && T.lines[M.LOSS]["-1"];
     const steps = Object.values(T.lines).flatMap((byRank) => Object.values(byRank))
       .map((l) => l.s.step[l.s.step.length - 1] || 0);
-    const rate = T.lines.samples_per_s && T.lines.samples_per_s["-1"];
+    const rate = T.lines[M.SAMPLES_PER_S] && T.lines[M.SAMPLES_PER_S]["-1"];
     const end = run.finished || Date.now() / 1000;
-    const live = run.status === "running" && Date.now() / 1000 - T.lastActivity < 300;
+    const live = run.status === C.runs.RUNNING && Date.now() / 1000 - T.lastActivity < 300;
     const head = document.getElementById("head");
     head.replaceChildren(
       T.el("h1", {}, run.name, T.el("span", { class: `badge ${run.status}`, id: "status", text: run.status }),
@@ -261,7 +262,7 @@
     if (msg.events || (msg.rows && T.segments.length > 1)) T.later(jobs.segments);
     if (msg.run) {
       Object.assign(run, msg.run); T.later(jobs.config);
-      if (run.status !== "running" && T.findings && T.findings.latest) diagnose();  // now the whole run
+      if (run.status !== C.runs.RUNNING && T.findings && T.findings.latest) diagnose();  // now the whole run
     }
     T.later(jobs.header);
     if (msg.rows) dirty = true;

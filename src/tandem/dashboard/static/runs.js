@@ -23,8 +23,8 @@
       button.disabled = chosen.size < 2;
     });
     const state = r.live ? T.el("span", { class: "badge live", text: "live" })
-      : r.status === "running" ? T.el("span", { class: "badge silent", text: `silent ${T.secs(r.silent_s)}` }) : null;
-    const end = r.finished || (r.status === "running" ? Date.now() / 1000 : r.last_time);
+      : r.status === T.catalogue.runs.RUNNING ? T.el("span", { class: "badge silent", text: `silent ${T.secs(r.silent_s)}` }) : null;
+    const end = r.finished || (r.status === T.catalogue.runs.RUNNING ? Date.now() / 1000 : r.last_time);
     const link = r.tune ? `/tuner?session=${encodeURIComponent(r.run_id)}` : `/run/${encodeURIComponent(r.run_id)}`;
     return T.el("tr", { "data-run": r.run_id, class: r.live ? "live" : "" },
       T.el("td", {}, box),

@@ -12,7 +12,7 @@
   const now = () => serverNow + (Date.now() - receivedAt) / 1000;
   T.sched = { jobs, resizes, state };
 
-  const HOLDING = ["running", "stopping"];
+  const S = T.catalogue.jobs, HOLDING = [S.RUNNING, S.STOPPING];
   const open = (a) => a.ended === null || a.ended === undefined;
   const heldAt = (j, t) => j.attempts.reduce(
     (n, a) => n + (a.launched <= t && (open(a) || t < a.ended) ? a.procs : 0), 0);
@@ -35,9 +35,9 @@
     box.replaceChildren(
       T.el("div", { class: "muted", text: state.service.service ? `service: ${state.service.service}`
         : "no scheduler service has run on this store yet (`tandem scheduler` starts one)" }),
-      T.el("div", { class: "kpis" }, kpi(all.length, "jobs", "kpi-jobs"), kpi(count("queued"), "queued", "kpi-queued"),
-        kpi(count("running") + count("stopping"), "running", "kpi-running"), kpi(held, "processes held now", "kpi-held"),
-        kpi(count("completed"), "completed", "kpi-completed"), kpi(count("failed"), "failed", "kpi-failed")));
+      T.el("div", { class: "kpis" }, kpi(all.length, "jobs", "kpi-jobs"), kpi(count(S.QUEUED), S.QUEUED, "kpi-queued"),
+        kpi(count(S.RUNNING) + count(S.STOPPING), S.RUNNING, "kpi-running"), kpi(held, "processes held now", "kpi-held"),
+        kpi(count(S.COMPLETED), S.COMPLETED, "kpi-completed"), kpi(count(S.FAILED), S.FAILED, "kpi-failed")));
   };
 
   const jobsTable = () => {
@@ -49,13 +49,13 @@
     document.getElementById("jobs").replaceChildren(T.el("table", { class: "list", id: "jobs-table" },
       T.el("thead", {}, T.el("tr", {}, headers.map((h) => T.el("th", { class: numeric.has(h) ? "num" : "", text: h })))),
       T.el("tbody", {}, rows.map((j) => {
-        const between = j.state === "stopping" ? ` → ${j.target_procs || 0} (${j.stop_reason})` : "";
+        const between = j.state === S.STOPPING ? ` → ${j.target_procs || 0} (${j.stop_reason})` : "";
         const jct = j.jct !== null ? T.el("span", { text: T.secs(j.jct) })
           : T.el("span", { class: "muted", text: `age ${T.secs(t - j.submitted)}` });
         return T.el("tr", { "data-job": j.job_id },
           cell("job", [T.el("b", { text: j.name }), T.el("div", { class: "muted", text: j.job_id })]),
           cell("state", [T.el("span", { class: `badge ${j.state}`, text: j.state }), between,
-            j.cancel_requested && !["cancelled", "completed", "failed"].includes(j.state) ? " (cancel requested)" : null]),
+            j.cancel_requested && ![S.CANCELLED, S.COMPLETED, S.FAILED].includes(j.state) ? " (cancel requested)" : null]),
           cell("procs", range(j)), cell("held", T.fmt(j.procs), true), cell("priority", T.fmt(j.priority), true),
           cell("submitted", T.when(j.submitted)), cell("started", T.when(j.started)), cell("finished", T.when(j.finished)),
           cell("jct", jct), cell("attempts", T.fmt(j.attempts.length), true), cell("run", link(j)),
@@ -161,5 +161,5 @@
     render();
   });
   // Ages, waits and the allocations of running jobs move on between updates.
-  setInterval(() => { if ([...jobs.values()].some((j) => ["queued", ...HOLDING].includes(j.state))) render(); }, 5000);
+  setInterval(() => { if ([...jobs.values()].some((j) => [S.QUEUED, ...HOLDING].includes(j.state))) render(); }, 5000);
 })();

@@ -33,7 +33,7 @@
     T.el("div", { class: "muted", text: `started ${T.when(session.started)} · script ${(session.config || {}).script ?? "?"} · ${(session.config || {}).nproc ?? "?"} processes` + (floor !== undefined ? ` · adopt when the lower bound of the speed-up exceeds ${T.fmt(floor)}x` + (Number.isFinite(recordedFloor) && minGain !== undefined ? ` (the noise floor; at least ${T.fmt(1 + minGain)}x)` : "") : "") }));
   const decision = () => {
     const s = session.summary, box = document.getElementById("decision");
-    if (!s) { box.replaceChildren(T.el("p", { class: "muted", text: session.status === "running" ? "the session is still running" : "no decision recorded" })); return; }
+    if (!s) { box.replaceChildren(T.el("p", { class: "muted", text: session.status === T.catalogue.runs.RUNNING ? "the session is still running" : "no decision recorded" })); return; }
     box.replaceChildren(T.el("div", { class: "grid" },
       T.card("Chosen plan changes", Object.keys(s.chosen || {}).length ? T.kv(s.chosen) : T.el("p", { text: "keep the current plan" })),
       T.card("Speed-up vs the starting plan [95% CI]", T.el("p", { text: s.speedup ? interval(s.speedup, "x") : (s.decision ?? "–") })),
