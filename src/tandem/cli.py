@@ -14,6 +14,7 @@ from rich.table import Table
 
 from tandem import launch
 from tandem.config import reference
+from tandem.tables import print_fitted
 
 
 def _store_arg(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +93,8 @@ def _list_runs(store_path: str | None, console: Console) -> None:
             table.add_row(run["run_id"], started, run["name"], run["status"],
                           str(env.get("world_size", "")), str(summary.get("steps", "")),
                           f"{loss[-1]['value']:.4f}" if loss else "")
-        console.print(table)
+        # A new run's id begins with its name: the name goes first when space is short.
+        print_fitted(console, table, drop=("name", "started", "world"))
 
 
 def _report(ns: argparse.Namespace, console: Console) -> None:
@@ -131,7 +133,7 @@ def _compare(ns: argparse.Namespace, console: Console) -> None:
 
     with _open_store(ns.store) as store:
         ids = [store.run(name)["run_id"] for name in ns.runs]
-        console.print(compare_table(store, ids))
+        print_fitted(console, compare_table(store, ids), letters=True)
         path = compare(store, ids, Path(ns.html))
     console.print(f"comparison written to {path}")
 
