@@ -102,7 +102,7 @@ def test_run_page_holds_the_store_numbers(store: Path, serve, page) -> None:
     kinds = page.eval_on_selector_all("#findings .finding", "f => f.map(x => x.dataset.kind)")
     assert kinds == [f.kind for f in expected] and "straggler" in kinds
     straggler = page.inner_text(".finding[data-kind='straggler'] [data-field='evidence']")
-    assert "median_score" in straggler and "2" in straggler
+    assert "median straggler score (x)" in straggler and "2" in straggler
     assert page.inner_text("#config").count("bucket_mb") == 1
     # The page asks again no sooner than 1000x the diagnosis's CPU time (at least 30 s),
     # and says over how many rows it was made.

@@ -29,12 +29,15 @@ from starlette.staticfiles import StaticFiles
 
 from tandem.dashboard import queries, stream, view_run
 from tandem.dashboard.auth import TokenGate, check_token
+from tandem.dashboard.labels import as_json as labels_json
 from tandem.dashboard.pages import PAGES, Page
 from tandem.dashboard.reader import Reader, StoreUnavailable
 
 log = logging.getLogger("tandem")
 NO_STORE = {"cache-control": "no-store"}
 FINDINGS_CACHE = 16  # diagnoses kept (a big run's takes seconds)
+
+LABELS_JSON = labels_json()  # the same for every page
 
 
 def _args(request: Request) -> dict[str, str]:
@@ -81,6 +84,7 @@ class Dashboard:
                 return data
             body = self.templates.get_template(page.template).render(
                 page=page, pages=[p for p in PAGES if p.nav], data=_embed(data),
+                labels=LABELS_JSON,
                 store=str(self.reader.path), live=page.updates is not None)
             return HTMLResponse(body, headers=NO_STORE)
         return endpoint
