@@ -17,7 +17,7 @@ RAW = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)+$|^[a-z]+/[a-z0-9_]+$")  # phase_s, me
 # Every place a page shows a field or metric name: finding fields, key/value keys and
 # headers, card and chart titles, chart legends.
 NAMED = (".field > b", "table.kv td:first-child", "table.kv th", ".card h3",
-         ".u-legend .u-label")
+         ".u-legend .u-label", ".heatmap > h3")
 TEXTS = "els => els.map(e => e.textContent.trim()).filter(t => t)"
 TITLES = "els => els.map(e => e.getAttribute('title')).filter(t => t)"
 
@@ -33,7 +33,8 @@ def test_pages_show_words_and_units_not_field_names(store: Path, serve, page) ->
     open_page(page, base.url("/run/beta-1", local=True))
     page.wait_for_selector("#findings .finding")
     assert _raw_names(page, "#findings") == []
-    assert _raw_names(page, "#curves") == [] and _raw_names(page, "#system") == []
+    for scope in ("#curves", "#phases", "#heatmaps", "#system"):
+        assert _raw_names(page, scope) == [], scope
     shown = page.eval_on_selector_all("#findings .field > b", TEXTS)
     assert "evidence" in shown and "predicted speed-up if removed (x)" in shown, shown
     evidence = page.inner_text(".finding[data-kind='input-bound'] [data-field='evidence']")

@@ -187,7 +187,9 @@ T.Chart = class {
       scales: { x: { time: false }, y: this.opts.log ? { distr: 3 } : {} },
       axes: [{ label: this.opts.xLabel || "step" },
         { size: 60, values: (u, vals) => vals.map((v) => v === null ? "" : T.short(v)) }],
-      legend: { live: true }, plugins: this.opts.plugins || [] },
+      // a dashed line's legend swatch is dashed too
+      legend: { live: true, markers: { dash: (u, i) => (u.series[i].dash || []).length ? "dashed" : "solid" } },
+      plugins: this.opts.plugins || [] },
     T.align(lines, this.xOf), this.box);
     T.charts[id] = this;
     this.visible = true;

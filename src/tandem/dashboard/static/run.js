@@ -78,7 +78,7 @@
     const box = T.el("div", { class: "heatmap", id: `heat-${name}` });
     const canvas = T.el("canvas"), tip = T.el("div", { class: "tip" });
     const scale = T.el("div", { class: "legend-scale" }), labels = T.el("div", { class: "ranks" });
-    box.append(T.el("h3", { text: `${name} by rank and window` }),
+    box.append(T.el("h3", { text: `${T.label(name)} by rank and window`, title: name }),
       T.el("div", { class: "heatrow" }, labels, canvas), tip, scale);
     document.getElementById("heatmaps").append(box);
     const h = T.heat[name] = { step: raw.step.slice(), ranks: raw.ranks.slice(),
