@@ -212,7 +212,7 @@ def test_compare_overlays_runs_and_marks_differences(store: Path, serve, page) -
     _same(_line(loss, "alpha"), _store_points(store, "alpha-1", "loss"))
     _same(_line(loss, "beta"), _store_points(store, "beta-1", "loss"))
     differs = page.eval_on_selector_all("#summary > table > tbody > tr.differs", KEYS)
-    assert "world size" in differs and "steps" in differs and "device" not in differs
+    assert "processes" in differs and "steps" in differs and "device" not in differs
     config = page.eval_on_selector_all("#config > table > tbody > tr", KEYS)
     assert "data.workers" in config and "data.prefetch" not in config  # only differences
     page.check("#all-config")

@@ -46,6 +46,11 @@ def test_pages_show_words_and_units_not_field_names(store: Path, serve, page) ->
     assert "throughput (samples/s)" in legend and "evaluation loss" in legend, legend
     # config and plan keys are what a flag or a plan file names: as written
     assert "global_batch" in page.inner_text("#config")
+    open_page(page, base.url("/compare?runs=alpha-1,beta-1", local=True))
+    rows = page.eval_on_selector_all("#summary td:first-child", TEXTS)
+    assert [r for r in rows if RAW.match(r)] == [] and "evaluation loss, last" in rows, rows
+    assert "step time, median (s)" in rows and "duration (s)" in rows, rows
+    assert _raw_names(page, "#curves") == []
     open_page(page, base.url("/tuner", local=True))
     assert _raw_names(page, "#decision") == []
     noise = page.inner_text("#decision")

@@ -151,7 +151,7 @@ def label(name: str) -> str:
     """The words for `name` (what `T.label` in static/common.js does, for Python views)."""
     if name in LABELS:
         return LABELS[name]
-    if "." in name:  # a config key, as the user writes it
+    if "." in name or " " in name:  # a config key, as the user writes it; or words
         return name
     name = name.rsplit("/", 1)[-1]  # a metric's family prefix (time/, mem/) says little
     for suffix, unit in SUFFIXES:

@@ -20,7 +20,7 @@ T.label = (name) => {
   const L = T.labelData || (T.labelData = JSON.parse(document.getElementById("labels").textContent));
   name = String(name);
   if (Object.hasOwn(L.labels, name)) return L.labels[name];
-  if (name.includes(".")) return name;
+  if (name.includes(".") || name.includes(" ")) return name;  // a config key, or words
   const tail = name.split("/").pop();
   for (const [suffix, unit] of L.suffixes) {
     if (tail.endsWith(suffix) && tail.length > suffix.length) {
