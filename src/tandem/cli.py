@@ -12,6 +12,7 @@ from rich.console import Console
 
 from tandem import launch
 from tandem.config import reference
+from tandem.tables import print_fitted
 
 
 def _store_arg(parser: argparse.ArgumentParser) -> None:
@@ -129,7 +130,7 @@ def _compare(ns: argparse.Namespace, console: Console) -> None:
     with _open_store(ns.store) as store:
         chosen = [store.run(name) for name in ns.runs]
         ids = [r["run_id"] for r in chosen]
-        console.print(compare_table(store, ids))
+        print_fitted(console, compare_table(store, ids), letters=True)
         others = "-".join(r["name"] for r in chosen[1:])[:80]
         out = (Path(ns.out) if ns.out
                else output_path(store, chosen[0], f"compare-with-{others}.html"))

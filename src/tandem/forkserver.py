@@ -37,6 +37,9 @@ taking requests, and the backend starts a new one).
 
 The server stops taking requests when its owner (the scheduler) exits or on SIGTERM,
 and exits once its last worker has: attempts outlive the scheduler, as they do cold.
+Given `--folder` (the private folder holding its socket and log), it removes that folder
+as it exits, so that a scheduler killed by SIGKILL, which cleans up nothing, leaves
+nothing behind once its attempts have ended.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import importlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -363,6 +367,8 @@ def main(argv: list[str] | None = None) -> int | None:
     parser.add_argument("--import", dest="modules", action="append", default=[],
                         help="a module to import before the first fork (repeatable; "
                              "added to the defaults)")
+    parser.add_argument("--folder", default=None,
+                        help="the server's own folder (its socket's), removed when it exits")
     ns = parser.parse_args(argv)
     started = time.perf_counter()
     SERVER_ENV.update(os.environ)
@@ -385,9 +391,13 @@ def main(argv: list[str] | None = None) -> int | None:
     _say(f"pid {os.getpid()}, imports took {time.perf_counter() - started:.2f} s, "
          f"{threads} thread(s)")
     try:
-        return Server(ns.socket, ns.owner).serve()
+        code = Server(ns.socket, ns.owner).serve()
     except BecomeWorker as become:
         worker = become
+    else:
+        if ns.folder:
+            shutil.rmtree(ns.folder, ignore_errors=True)
+        return code
     run_worker(worker)  # outside the server's frames: its exit is the interpreter's
     return None
 

@@ -208,7 +208,10 @@ def _kill_tree(pid: int) -> None:
 def _outcome(status: list[str], code: int) -> int:
     """The job's exit status, with a line saying how to go on where that helps."""
     if status and status[0] == RunStatus.PREEMPTED:
-        print(f"tandem: preempted at step {status[1]}; the checkpoint is committed - run "
+        from tandem.sched.attempt import launcher_line  # the scheduler's stop, if it was
+
+        print(launcher_line(int(status[1])) or
+              f"tandem: preempted at step {status[1]}; the checkpoint is committed - run "
               "the same command again to continue", file=sys.stderr)
         return ExitStatus.PREEMPTED
     if status and status[0] == RunStatus.INTERRUPTED:

@@ -102,7 +102,7 @@ def test_run_page_holds_the_store_numbers(store: Path, serve, page) -> None:
     kinds = page.eval_on_selector_all("#findings .finding", "f => f.map(x => x.dataset.kind)")
     assert kinds == [f.kind for f in expected] and "straggler" in kinds
     straggler = page.inner_text(".finding[data-kind='straggler'] [data-field='evidence']")
-    assert "median_score" in straggler and "2" in straggler
+    assert "median straggler score (x)" in straggler and "2" in straggler
     assert page.inner_text("#config").count("bucket_mb") == 1
     # The page asks again no sooner than 1000x the diagnosis's CPU time (at least 30 s),
     # and says over how many rows it was made.
@@ -126,10 +126,10 @@ def test_new_finding_fields_show_without_changes(store: Path, serve, page,
         evidence: dict[str, Any]
         validation: dict[str, Any]
 
-    def checked(metrics, events=(), window=None, config=None) -> list[Checked]:
+    def checked(metrics, events=(), window=None, config=None, **context) -> list[Checked]:
         return [Checked(f.kind, f.severity, f.message, f.evidence,
                         {"verdict": "confirmed", "predicted_gain": 0.31})
-                for f in diagnose(metrics, events, window, config)]
+                for f in diagnose(metrics, events, window, config, **context)]
 
     monkeypatch.setattr(view_run, "diagnose", checked)
     open_page(page, serve(store).url("/run/beta-1", local=True))
@@ -212,7 +212,7 @@ def test_compare_overlays_runs_and_marks_differences(store: Path, serve, page) -
     _same(_line(loss, "alpha"), _store_points(store, "alpha-1", "loss"))
     _same(_line(loss, "beta"), _store_points(store, "beta-1", "loss"))
     differs = page.eval_on_selector_all("#summary > table > tbody > tr.differs", KEYS)
-    assert "world size" in differs and "steps" in differs and "device" not in differs
+    assert "processes" in differs and "steps" in differs and "device" not in differs
     config = page.eval_on_selector_all("#config > table > tbody > tr", KEYS)
     assert "data.workers" in config and "data.prefetch" not in config  # only differences
     page.check("#all-config")

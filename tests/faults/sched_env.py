@@ -21,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "faults" / "scripts" / "sched_toy.py")
 TOY_SAMPLES = 200  # tests.dist.toy_task.N_SAMPLES
 TOY_SEED = 0  # run.seed's default
+# This checkout's tandem first, not whichever one the environment has installed.
+PYTHONPATH = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
 
 
 class SchedEnv:
@@ -36,7 +38,7 @@ class SchedEnv:
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of every command: the store, the repo importable, one thread."""
-        out = dict(os.environ, TANDEM_STORE=str(self.store), PYTHONPATH=str(ROOT),
+        out = dict(os.environ, TANDEM_STORE=str(self.store), PYTHONPATH=PYTHONPATH,
                    OMP_NUM_THREADS="1", **self.extra_env, **extra)
         for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
             out.pop(key, None)
@@ -49,7 +51,7 @@ class SchedEnv:
 
     def submit(self, *args: str, sleep: float = 0.002) -> str:
         """Submit the toy job (its sample ids logged); returns the job id."""
-        done = self.tandem("submit", SCRIPT, *args, "--env", f"PYTHONPATH={ROOT}",
+        done = self.tandem("submit", SCRIPT, *args, "--env", f"PYTHONPATH={PYTHONPATH}",
                            "--env", f"TOY_SAMPLE_SLEEP={sleep}",
                            "--env", f"TANDEM_SAMPLE_LOG={self.ids}")
         assert done.returncode == 0, done.stderr

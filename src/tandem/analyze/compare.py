@@ -32,7 +32,11 @@ def _gather(store: RunStore, run_ids: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def _label(run: Mapping[str, Any]) -> str:
-    return f"{run['name']} ({run['run_id'][:8]})"
+    # A new run's id is its name and a time stamp: the stamp tells two runs apart.
+    run_id = str(run["run_id"])
+    if run_id.startswith(f"{run['name']}-"):
+        return f"{run['name']} ({run_id[len(run['name']) + 1:]})"
+    return f"{run['name']} ({run_id[:8]})"
 
 
 def config_differences(runs: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[str]]]:

@@ -18,6 +18,7 @@ from tandem.analyze.diagnose import Finding, diagnose, verdict
 from tandem.analyze.finding import VALIDATION_PREFIX, with_validations
 from tandem.monitor.catalogue import TIME_STEP
 from tandem.monitor.store import RunStore
+from tandem.tables import print_fitted
 
 __all__ = ["compare", "compare_table", "print_summary", "render_html", "write_html"]
 
@@ -276,7 +277,7 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
             decisions.add_column(column)
         for row in trial_rows(trials):
             decisions.add_row(*row)
-        console.print(decisions)
+        print_fitted(console, decisions, spill=("decision",))
     if not findings:
         console.print("[dim]no timing figures recorded: nothing to diagnose[/dim]")
     rows = segments(events)

@@ -29,6 +29,7 @@ from starlette.staticfiles import StaticFiles
 
 from tandem.dashboard import queries, stream, view_run
 from tandem.dashboard.auth import TokenGate, check_token
+from tandem.dashboard.labels import as_json as labels_json
 from tandem.dashboard.pages import PAGES, Page
 from tandem.dashboard.reader import Reader, StoreUnavailable
 from tandem.monitor import catalogue
@@ -44,6 +45,8 @@ CATALOGUE_PATH = "/catalogue.js"
 CATALOGUE_SCRIPT = "window.tandem = window.tandem || {};\nwindow.tandem.catalogue = " + json.dumps(
     {**catalogue.as_dict(), "jobs": {s.name: s.value for s in JobStatus},
      "runs": {s.name: s.value for s in RunStatus}}, sort_keys=True) + ";\n"
+
+LABELS_JSON = labels_json()  # the same for every page
 
 
 def _args(request: Request) -> dict[str, str]:
@@ -91,6 +94,7 @@ class Dashboard:
                 return data
             body = self.templates.get_template(page.template).render(
                 page=page, pages=[p for p in PAGES if p.nav], data=_embed(data),
+                labels=LABELS_JSON,
                 store=str(self.reader.path), live=page.updates is not None)
             return HTMLResponse(body, headers=NO_STORE)
         return endpoint

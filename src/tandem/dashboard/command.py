@@ -47,7 +47,19 @@ def announce(server: DashboardServer, store: Path, out: TextIO | None = None) ->
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Serve in the foreground until Ctrl-C."""
+    """Serve in the foreground until Ctrl-C (or SIGTERM); either ends it with status 0.
+
+    uvicorn stops on SIGINT and then raises the signal again for whoever handled it
+    before, which is asyncio's runner: that surfaced as a KeyboardInterrupt traceback
+    after a clean shutdown. A Ctrl-C before the server has taken the signal over (while
+    it imports or opens the store) is the same request to stop."""
+    try:
+        return _serve(ns)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _serve(ns: argparse.Namespace) -> int:
     store = Path(ns.store)
     if not store.is_file():
         raise ValueError(f"--store: no run store at {ns.store!r}; runs write one to "

@@ -10,6 +10,7 @@ from typing import Any
 
 from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_POINTS
+from tandem.dashboard.labels import label
 from tandem.dashboard.view_run import UPDATE_LIMIT, NotFound
 from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP, TOKENS_PER_S, TRAINING_CURVES
 
@@ -44,18 +45,18 @@ def _summary(conn: sqlite3.Connection, run: Mapping[str, Any], last_step: int,
              evals: Sequence[str]) -> dict[str, Any]:
     env, rid = run.get("env") or {}, run["run_id"]
     out: dict[str, Any] = {
-        "status": run["status"], "world size": env.get("world_size"),
+        "status": run["status"], "processes": env.get("world_size"),
         "device": env.get("device"), "steps": last_step or None,
-        "duration s": (run["finished"] - run["started"]) if run["finished"] else None,
+        "duration (s)": (run["finished"] - run["started"]) if run["finished"] else None,
         "final loss": queries.job_extreme(conn, rid, LOSS, "last"),
         "best loss": queries.job_extreme(conn, rid, LOSS, "min"),
-        "samples/s (median)": _steady_median(
+        "throughput, median (samples/s)": _steady_median(
             queries.line_points(conn, rid, SAMPLES_PER_S, shape.JOB)),
-        "step time s (median)": _steady_median(
+        "step time, median (s)": _steady_median(
             queries.line_points(conn, rid, TIME_STEP, shape.JOB)),
     }
     for name in evals:
-        out[f"{name} (last)"] = queries.job_extreme(conn, rid, name, "last")
+        out[f"{label(name)}, last"] = queries.job_extreme(conn, rid, name, "last")
     return out
 
 

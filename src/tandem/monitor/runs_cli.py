@@ -13,7 +13,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tandem.monitor.catalogue import LOSS
 from tandem.monitor.store import RUN_KINDS, STATUSES, RunStore
+from tandem.tables import print_fitted
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,7 +58,9 @@ def run(ns: argparse.Namespace, store: RunStore, console: Console,
     """List the selected runs; with --delete, delete them once confirmed."""
     kind = None if ns.kind == "all" else (ns.kind or "user")
     chosen = store.select_runs(ns.name, ns.status, kind, ns.limit)
-    console.print(_table(store, chosen, show_kind=kind is None))
+    # A new run's id begins with its name: the name goes first when space is short.
+    print_fitted(console, _table(store, chosen, show_kind=kind is None),
+                 drop=("name", "started", "world", "kind"))
     if not ns.delete:
         return 0
     if ns.name is None and ns.status is None and ns.kind is None:
@@ -116,7 +120,7 @@ def _table(store: RunStore, runs: Sequence[dict[str, Any]], show_kind: bool) -> 
         table.add_column(column)
     for r in runs:
         summary = r.get("summary") or {}
-        loss = store.metrics(r["run_id"], name="loss", rank=-1)
+        loss = store.metrics(r["run_id"], name=LOSS, rank=-1)
         # A run stopped without a summary still shows how far it got.
         steps = summary.get("steps", loss[-1]["step"] if loss else "")
         cells = [time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["started"])), r["name"],

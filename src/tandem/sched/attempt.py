@@ -8,7 +8,11 @@ the attempt directory, starts the command, and writes
 - `shim.json`: its own pid and host, then the launcher's pid once started; touched every
   half second while the launcher runs (a heartbeat);
 - `exit.json`: the launcher's exit status and the time, written atomically when it ends;
-- `log.txt`: the launcher's output (and so every rank's).
+- `log.txt`: the launcher's output (and so every rank's), and a line of its own when a
+  stop arrives saying why the scheduler stops the job (`stop.json`, written by the
+  scheduler before it signals: a cancel, a preemption or a resize). The launcher reads
+  the same file (its path in TANDEM_SCHED_STOP_FILE) for its last line, so a cancelled
+  job's log says cancelled, not preempted.
 
 Every backend starts attempts through this module, so the exit status reaches the
 scheduler the same way wherever the job ran (the job directory is on a file system the
@@ -42,6 +46,40 @@ LOG_FILE = "log.txt"
 CURRENT_FILE = "current"
 ORPHAN_POLL_S = 0.5
 GUARDIAN_ENV = "TANDEM_SCHED_GUARDIAN"
+STOP_FILE = "stop.json"  # why the scheduler stops the attempt: {"reason", "to_procs"}
+STOP_ENV = "TANDEM_SCHED_STOP_FILE"  # the launcher's path to it
+
+
+def stop_words(stop: dict[str, Any] | None) -> str | None:
+    """Why the scheduler stopped an attempt, in words; None when it was not its stop."""
+    reason = (stop or {}).get("reason")
+    if reason == "cancel":
+        return "cancelled (tandem cancel)"
+    if reason == "preempt":
+        return "preempted by the scheduler (its processes went to another job)"
+    if reason == "resize":
+        return f"stopped by the scheduler to resize it to {stop.get('to_procs')} processes"
+    return None
+
+
+def scheduler_stop() -> tuple[str, str] | None:
+    """In a process the scheduler stopped: why, and what follows, in words (None outside
+    the scheduler, or for a SIGTERM that was not its stop: then it is a preemption)."""
+    stop = read_json(Path(os.environ[STOP_ENV])) if os.environ.get(STOP_ENV) else None
+    words = stop_words(stop)
+    if words is None:
+        return None
+    return words, ("it will not be resumed" if stop["reason"] == "cancel"
+                   else "the scheduler resumes it from there")
+
+
+def launcher_line(step: int) -> str | None:
+    """The launcher's last line after a graceful stop the scheduler asked for (None
+    when it did not ask)."""
+    said = scheduler_stop()
+    if said is None:
+        return None
+    return f"tandem: {said[0]} at step {step}; the checkpoint is committed - {said[1]}"
 
 
 def write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -75,6 +113,8 @@ def run(attempt_dir: Path) -> int:
     child: subprocess.Popen | None = None
 
     def relay(signum: int, frame: object) -> None:
+        if not relayed:
+            _say_why(attempt_dir)
         relayed.append(signum)
         if child is not None:
             child.send_signal(signum)
@@ -89,7 +129,7 @@ def run(attempt_dir: Path) -> int:
     write_atomic(attempt_dir / SHIM_FILE, shim)  # from here on, a stop is relayed
     if relayed:
         return _finish(attempt_dir, ExitStatus.PREEMPTED, relayed)
-    env = dict(os.environ, **spec.get("env", {}))
+    env = dict(os.environ, **spec.get("env", {}), **{STOP_ENV: str(attempt_dir / STOP_FILE)})
     guardian = int(os.environ.get(GUARDIAN_ENV) or 0)
     with (attempt_dir / LOG_FILE).open("ab") as log:
         child = subprocess.Popen(spec["command"], cwd=spec.get("cwd") or None, env=env,
@@ -109,6 +149,20 @@ def run(attempt_dir: Path) -> int:
                       "the job with a checkpoint", file=sys.stderr)
                 relay(signal.SIGTERM, None)
     return _finish(attempt_dir, exit_status(code), relayed)
+
+
+def _say_why(attempt_dir: Path) -> None:
+    """Write into the attempt's log why the scheduler stops it (nothing for another
+    sender's signal: an operator's SIGTERM, a batch system's preemption)."""
+    words = stop_words(read_json(attempt_dir / STOP_FILE))
+    if words is None:
+        return
+    try:
+        with (attempt_dir / LOG_FILE).open("a", encoding="utf-8") as log:
+            log.write(f"tandem scheduler: {words}: stopping at the next logging window "
+                      "with a checkpoint\n")
+    except OSError:
+        pass
 
 
 def _beat(attempt_dir: Path) -> None:

@@ -95,6 +95,22 @@ class Backend(Protocol):
         ...
 
 
+def describe(handle: Mapping[str, Any]) -> str:
+    """A handle as a person reads it: `pid 123 on host-a`, `Ray actor NAME`, `Slurm job
+    42`; any other keys as `key value` pairs (the marker, internal, left out)."""
+    if handle.get("pid") is not None:
+        host = f" on {handle['host']}" if handle.get("host") else ""
+        gpus = handle.get("gpus")
+        return f"pid {handle['pid']}{host}" + (f", GPUs {','.join(map(str, gpus))}"
+                                                if gpus else "")
+    if handle.get("actor"):
+        return f"Ray actor {handle['actor']}"
+    if handle.get("slurm_job") is not None:
+        return f"Slurm job {handle['slurm_job']}"
+    rest = [f"{key} {value}" for key, value in handle.items() if key != "marker"]
+    return ", ".join(rest) or "no handle"
+
+
 def shim_command() -> list[str]:
     """How a host starts `tandem.sched.attempt`: by file, so that no package import (and
     with it no torch import) delays the launch."""

@@ -21,6 +21,7 @@ from tandem.sched.records import ACTIVE, Attempt, JobRecord
 from tandem.sched.service import sched_dir
 from tandem.sched.submit import USAGE, split_argv, submit
 from tandem.status import HOLDING_JOB_STATES, JobStatus
+from tandem.tables import print_fitted
 
 
 def add_arguments(sub: argparse._SubParsersAction) -> None:
@@ -117,8 +118,9 @@ def queue(store_path: Path, show_all: bool, console: Console) -> None:
                           f"{rate:,.0f}" if rate else "-",
                           f"{goodput:,.0f}" if goodput else "-",
                           f"{queued_for(job, attempts, now):.0f}", str(len(attempts)),
-                          note[:60])
-        console.print(table)
+                          note)
+        print_fitted(console, table, drop=("batch", "queued s", "attempts", "goodput"),
+                     spill=("note",))
         service = store.service_value("service")
         console.print(f"service: {service}" if service else
                       "service: none has run on this store yet (`tandem scheduler`)")

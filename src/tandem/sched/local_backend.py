@@ -213,16 +213,62 @@ class LocalBackend:
                 server.close()
 
 
+FOLDER_PREFIX = "tandem-forkserver-"
+PID_FILE = "pid"  # the server's pid, written once it is started
+UNCLAIMED_S = 600.0  # a folder that never got a pid file is stale after this long
+
+
+def reap_stale_folders(parent: str | None = None) -> list[str]:
+    """Remove the fork-server folders (this user's, in `parent`, by default the temp
+    folder) whose server is gone; returns them.
+
+    A server removes its own folder as it exits, but one killed by SIGKILL (with its
+    scheduler, say) cannot: the next scheduler on this machine removes what it left."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(FOLDER_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        folder = os.path.join(parent, name)
+        try:
+            info = os.stat(folder)
+            if info.st_uid != os.getuid():
+                continue
+            pid = int(Path(folder, PID_FILE).read_text(encoding="utf-8") or 0)
+        except FileNotFoundError:
+            pid = 0 if time.time() - info.st_mtime > UNCLAIMED_S else -1
+        except (OSError, ValueError):
+            continue
+        if pid < 0 or (pid and _serves_from(pid, folder)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _serves_from(pid: int, folder: str) -> bool:
+    """Whether `pid` is a live fork server of `folder` (not a recycled pid)."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and folder in " ".join(proc.cmdline())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 class ForkServer:
     """The backend's fork server: started at once, used once it listens. Its own lines
     (the imports' time, a module it could not import) go to the scheduler's log."""
 
     def __init__(self, imports: Sequence[str] = ()) -> None:
-        self.folder = tempfile.mkdtemp(prefix="tandem-forkserver-")  # mode 0700
+        for folder in reap_stale_folders():
+            log.info("removed %s, left by a fork server that is gone", folder)
+        self.folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX)  # mode 0700
         self.path = os.path.join(self.folder, "socket")
         self.log_path = os.path.join(self.folder, "log.txt")
         command = [sys.executable, "-m", "tandem.forkserver", "--socket", self.path,
-                   "--owner", str(os.getpid())]
+                   "--owner", str(os.getpid()), "--folder", self.folder]
         for name in imports:
             command += ["--import", name]
         self.started = time.monotonic()
@@ -230,6 +276,7 @@ class ForkServer:
             # Its own file, not the scheduler's streams: it may outlive the scheduler.
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
                                             stderr=subprocess.STDOUT, start_new_session=True)
+        Path(self.folder, PID_FILE).write_text(str(self.process.pid), encoding="utf-8")
         self._ready = False
         self._relayed = 0
 

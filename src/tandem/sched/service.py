@@ -33,8 +33,15 @@ from pathlib import Path
 
 from tandem.monitor.store import RunStore
 from tandem.sched import lifecycle
-from tandem.sched.attempt import EXIT_FILE, SHIM_FILE, SPEC_FILE, read_json, write_atomic
-from tandem.sched.backend import Backend, LaunchPlan, attempt_spec
+from tandem.sched.attempt import (
+    EXIT_FILE,
+    SHIM_FILE,
+    SPEC_FILE,
+    STOP_FILE,
+    read_json,
+    write_atomic,
+)
+from tandem.sched.backend import Backend, LaunchPlan, attempt_spec, describe
 from tandem.sched.jobstore import SchedStore
 from tandem.sched.measured import read
 from tandem.sched.policy import Policy
@@ -176,7 +183,7 @@ class Service:
             adopt = getattr(self.backend, "adopt", None)
             if adopt is not None:
                 adopt(handle)
-            log.info("adopted %s attempt %d (%s)", job.job_id, attempt.attempt, handle)
+            log.info("adopted %s attempt %d (%s)", job.job_id, attempt.attempt, describe(handle))
 
     def _handle_from_disk(self, job: JobRecord, attempt: Attempt) -> dict | None:
         """Ask the backend for an attempt launched just before the service stopped."""
@@ -245,6 +252,8 @@ class Service:
                 continue
             if job.cancel_requested and job.state == JobStatus.RUNNING:
                 self.store.request_stop(job.job_id, attempt.attempt, "cancel", 0, None, now)
+            elif job.cancel_requested and (job.job_id, attempt.attempt) in self.stops_sent:
+                self._note_stop(job, attempt, "cancel")  # cancelled while stopping
             elif (job.state == JobStatus.STOPPING and attempt.stop_requested is not None
                   and now - attempt.stop_requested > self.options.stop_timeout_s):
                 log.warning("%s did not stop within %.0f s: killing it", job.job_id,
@@ -284,11 +293,19 @@ class Service:
             shim = (self.job_dir(job) / f"attempt-{attempt.attempt}" / SHIM_FILE).is_file()
             trained = read(self.runs, job.run_name).first_window(attempt.launched) is not None
             if shim and trained:
+                self._note_stop(job, attempt,
+                                "cancel" if job.cancel_requested else job.stop_reason)
                 try:
                     self.backend.stop(attempt.handle)
                 except ValueError as err:  # it ended meanwhile: reconcile will see it
                     log.warning("%s: stop not delivered: %s", job.job_id, err)
                 self.stops_sent.add((job.job_id, attempt.attempt))
+
+    def _note_stop(self, job: JobRecord, attempt: Attempt, reason: str | None) -> None:
+        """Tell the attempt why it stops (its shim and launcher say so in its log)."""
+        path = self.job_dir(job) / f"attempt-{attempt.attempt}" / STOP_FILE
+        if (read_json(path) or {}).get("reason") != reason:
+            write_atomic(path, {"reason": reason, "to_procs": job.target_procs})
 
     def launch(self, job: JobRecord, procs: int, batch: int | None) -> bool:
         """Start the job's next attempt at `procs` processes; False if it could not."""

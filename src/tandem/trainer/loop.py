@@ -191,9 +191,12 @@ class Trainer:
             self.save(reporter, clock)
         path = self.checkpoints.wait() or self.checkpoints.root / f"step_{self.state.step:09d}"
         kind = "interrupted" if interrupt else "preempted"
+        from tandem.sched.attempt import scheduler_stop  # a cancel is not a preemption
+
+        words, then = (None if interrupt else scheduler_stop()) or (
+            kind, "run the same command again to continue")
         reporter.event(self.state.step, kind,
-                       f"{kind}: checkpoint {path} committed at step {self.state.step}; "
-                       "run the same command again to continue")
+                       f"{words}: checkpoint {path} committed at step {self.state.step}; {then}")
         status_file = os.environ.get(STATUS_FILE_ENV)
         if status_file and self.runtime.is_main:  # how `tandem run` learns why it stopped
             Path(status_file).write_text(f"{kind} {self.state.step}\n")

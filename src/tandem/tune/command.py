@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tandem.tables import print_fitted
 from tandem.tune import planfile, space
 from tandem.tune import stats as tstats
 from tandem.tune.common import decision_table, parse_duration, runner_from
@@ -85,7 +86,8 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     text = planfile.render(result, ns.script, runner.nproc, str(runner.store_path),
                            settings.min_gain)
     path = planfile.write(Path(ns.out), text)
-    console.print(decision_table(result.records, f"tune session {session}"))
+    print_fitted(console, decision_table(result.records, f"tune session {session}"),
+                 spill=("decision",))
     console.print(summary_line(result, runner.runs))
     console.print(f"plan written to {path} (use: tandem run --plan {path} ...)")
     return 0

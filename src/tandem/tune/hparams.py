@@ -44,6 +44,7 @@ from rich.console import Console
 from tandem.config import parse_target
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
+from tandem.tables import print_fitted
 from tandem.tune import planfile
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
@@ -194,7 +195,8 @@ def run(ns: argparse.Namespace, console: Console) -> int:
         raise
     path = planfile.write(Path(ns.out), planfile.render(result, ns.script, runner.nproc,
                                                         str(runner.store_path), ns.min_gain))
-    console.print(decision_table(records, f"hparams session {session}"))
+    print_fitted(console, decision_table(records, f"hparams session {session}"),
+                 spill=("decision",))
     console.print(result.decision, highlight=False, markup=False)
     console.print(f"plan written to {path}; Optuna study {session!r} in "
                   f"{runner.store_path}")

@@ -3,8 +3,33 @@
 const T = (window.tandem = window.tandem || {});
 T.charts = {};
 T.updates = 0;
-T.COLORS = ["#2f6fd6", "#d6552f", "#2e9d5b", "#8e44ad", "#c29a00", "#00838f", "#ad1457",
-  "#5d6d7e", "#6d4c41", "#7cb342", "#3949ab", "#f4511e", "#00897b", "#8d6e63", "#546e7a", "#d81b60"];
+// A qualitative palette (Tableau 10 less its grey and pink): eight hues far apart
+// (CIE76 distance 34 or more between any two), where the old sixteen held near-twins
+// (blue and indigo, two teals). A chart with more lines than colours goes round again
+// with a dash pattern, so no two of its lines look alike.
+T.COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1",
+  "#9c755f"];
+T.DASHES = [[], [7, 3], [2, 2], [9, 3, 2, 3]];
+T.lineLook = (i) => ({ stroke: T.COLORS[i % T.COLORS.length],
+  dash: T.DASHES[Math.floor(i / T.COLORS.length) % T.DASHES.length] });
+
+// Words for a field or metric name, with its unit: the map is tandem/dashboard/labels.py
+// (embedded in every page), the same for every page; the stored name stays in the
+// tooltip. A dotted config key (train.micro_batch) is shown as the user writes it.
+T.label = (name) => {
+  const L = T.labelData || (T.labelData = JSON.parse(document.getElementById("labels").textContent));
+  name = String(name);
+  if (Object.hasOwn(L.labels, name)) return L.labels[name];
+  if (name.includes(".") || name.includes(" ")) return name;  // a config key, or words
+  const tail = name.split("/").pop();
+  for (const [suffix, unit] of L.suffixes) {
+    if (tail.endsWith(suffix) && tail.length > suffix.length) {
+      const stem = tail.slice(0, -suffix.length).replaceAll("_", " ");
+      return unit.startsWith("/") ? stem + unit : `${stem} (${unit})`;
+    }
+  }
+  return tail.replaceAll("_", " ");
+};
 
 T.data = () => JSON.parse(document.getElementById("page-data").textContent);
 // Non-finite numbers travel as strings (JSON has no NaN).
@@ -50,17 +75,19 @@ T.secs = (s) => {
 
 // Any JSON value as HTML: objects as key/value tables, lists of objects as tables,
 // lists of scalars as text, numbers formatted. New fields show up without changes here.
-T.kv = (value) => {
+// Keys are shown in words (T.label); `raw`: as stored (config and plan keys).
+T.kv = (value, raw) => {
+  const key = (k) => raw ? { text: k } : { text: T.label(k), title: k };
   value = T.num(value);
   if (value === null || value === undefined) return T.el("span", { class: "muted", text: "–" });
   if (Array.isArray(value)) {
     if (value.length && value.every((v) => v && typeof v === "object" && !Array.isArray(v))) {
       const keys = [...new Set(value.flatMap(Object.keys))];
-      return T.el("table", { class: "kv" }, T.el("tr", {}, keys.map((k) => T.el("th", { text: k }))),
-        value.map((row) => T.el("tr", {}, keys.map((k) => T.el("td", {}, T.kv(row[k]))))));
+      return T.el("table", { class: "kv" }, T.el("tr", {}, keys.map((k) => T.el("th", key(k)))),
+        value.map((row) => T.el("tr", {}, keys.map((k) => T.el("td", {}, T.kv(row[k], raw))))));
     }
     if (value.some((v) => v && typeof v === "object")) {
-      return T.el("ul", { class: "plain" }, value.map((v) => T.el("li", {}, T.kv(v))));
+      return T.el("ul", { class: "plain" }, value.map((v) => T.el("li", {}, T.kv(v, raw))));
     }
     if (value.some((v) => typeof v === "string" && v.length > 24)) {
       return T.el("ul", { class: "plain" }, value.map((v) => T.el("li", { text: T.fmt(v) })));
@@ -69,7 +96,7 @@ T.kv = (value) => {
   }
   if (typeof value === "object") {
     return T.el("table", { class: "kv" }, Object.entries(value).map(([k, v]) =>
-      T.el("tr", {}, T.el("td", { text: k }), T.el("td", {}, T.kv(v)))));
+      T.el("tr", {}, T.el("td", key(k)), T.el("td", {}, T.kv(v, raw)))));
   }
   return T.el("span", { text: T.fmt(value) });
 };
@@ -155,12 +182,14 @@ T.Chart = class {
     parent.append(T.card(title, this.box));
     const width = Math.max(300, this.box.clientWidth || 440);
     const series = [{ label: this.opts.xLabel || "step" },
-      ...lines.map((l, i) => this.style(l.label, i))];
+      ...lines.map((l, i) => this.style(l.shown || l.label, i))];
     this.u = new uPlot({ width, height: this.opts.height || 220, series,
       scales: { x: { time: false }, y: this.opts.log ? { distr: 3 } : {} },
       axes: [{ label: this.opts.xLabel || "step" },
         { size: 60, values: (u, vals) => vals.map((v) => v === null ? "" : T.short(v)) }],
-      legend: { live: true }, plugins: this.opts.plugins || [] },
+      // a dashed line's legend swatch is dashed too
+      legend: { live: true, markers: { dash: (u, i) => (u.series[i].dash || []).length ? "dashed" : "solid" } },
+      plugins: this.opts.plugins || [] },
     T.align(lines, this.xOf), this.box);
     T.charts[id] = this;
     this.visible = true;
@@ -176,12 +205,12 @@ T.Chart = class {
   }
   // A line's look; `opts.stepped`: it holds each value until the next point.
   style(label, i) {
-    return { label, stroke: T.COLORS[i % T.COLORS.length], width: 1.5, spanGaps: true,
+    return { label, ...T.lineLook(i), width: 1.5, spanGaps: true,
       points: { show: false }, ...(this.opts.stepped ? { paths: uPlot.paths.stepped({ align: 1 }) } : {}) };
   }
   add(line) {
     this.lines.push(line);
-    this.u.addSeries(this.style(line.label, this.lines.length - 1));
+    this.u.addSeries(this.style(line.shown || line.label, this.lines.length - 1));
     this.draw();
   }
   // Redraw soon: updates that arrive together are drawn once, charts out of view later.

@@ -20,7 +20,7 @@
       const lines = runs.filter((r) => r.lines[name]).map((r) => ({ label: r.label, s: r.lines[name], run: r }));
       if (!lines.length) continue;
       const xOf = byTime ? (l) => l.s.time.map((t) => +(t - l.run.started).toFixed(3)) : (l) => l.s.step;
-      new T.Chart(name, box, name, lines, { xOf, xLabel: byTime ? "seconds since start" : "step" });
+      new T.Chart(name, box, T.label(name), lines, { xOf, xLabel: byTime ? "seconds since start" : "step" });
     }
   };
   const table = (rows, onlyDiff) => {
@@ -29,7 +29,7 @@
     return T.el("table", { class: "list" },
       T.el("thead", {}, T.el("tr", {}, T.el("th", { text: "" }), runs.map((r) => T.el("th", { text: r.label, title: r.run_id })))),
       T.el("tbody", {}, shown.map((row) => T.el("tr", { class: row.differs ? "differs" : "", "data-key": row.key },
-        T.el("td", { text: row.key }), row.values.map((v) => T.el("td", { class: "num" },
+        T.el("td", { text: T.label(row.key), title: row.key }), row.values.map((v) => T.el("td", { class: "num" },
           v !== null && typeof v === "object" ? T.kv(v) : T.fmt(v)))))));
   };
   const tables = () => {

@@ -21,9 +21,9 @@
     if (STEP_NAMES.has(name)) return ["steptime", "phases", `step time (${unit(M.TIME_STEP)}): mean, p50, max`];
     if (name.startsWith(M.TIME_PREFIX) && !NOT_PHASES.has(name)) return ["phases", "phases", "step-time split: seconds per step by phase"];
     if (name === M.STRAGGLER_SCORE) return null;
-    if (name.startsWith(M.SYS_PREFIX) || name.startsWith(M.MEM_PREFIX)) return [name, "system", name];
-    if (!name.includes("/") || TRAINING.has(name)) return [name, "curves", name];
-    return [name, "other", name];
+    if (name.startsWith(M.SYS_PREFIX) || name.startsWith(M.MEM_PREFIX)) return [name, "system", T.label(name)];
+    if (!name.includes("/") || TRAINING.has(name)) return [name, "curves", T.label(name)];
+    return [name, "other", T.label(name)];
   };
   const order = (name) => name === M.LOSS ? 0 : (!name.includes("/") && !TRAINING.has(name)) ? 1
     : name === M.SAMPLES_PER_S ? 2 : name === M.TOKENS_PER_S ? 3 : 4;
@@ -35,7 +35,9 @@
     const where = place(name);
     if (!where) return null;
     const s = raw ? T.series(raw) : { step: [], value: [], time: [], n: 0 };
-    const line = { label: rank === "-1" ? name : `${name} rank ${rank}`, s, name, rank };
+    // `label` names the line (as stored); `shown` is what its legend says.
+    const line = { label: rank === "-1" ? name : `${name} rank ${rank}`, s, name, rank,
+      shown: rank === "-1" ? T.label(name) : `${T.label(name)}, rank ${rank}` };
     T.lines[name][rank] = line;
     const [id, section, title] = where;
     if (T.charts[id]) T.charts[id].add(line);
@@ -77,7 +79,7 @@
     const box = T.el("div", { class: "heatmap", id: `heat-${name}` });
     const canvas = T.el("canvas"), tip = T.el("div", { class: "tip" });
     const scale = T.el("div", { class: "legend-scale" }), labels = T.el("div", { class: "ranks" });
-    box.append(T.el("h3", { text: `${name} by rank and window` }),
+    box.append(T.el("h3", { text: `${T.label(name)} by rank and window`, title: name }),
       T.el("div", { class: "heatrow" }, labels, canvas), tip, scale);
     document.getElementById("heatmaps").append(box);
     const h = T.heat[name] = { step: raw.step.slice(), ranks: raw.ranks.slice(),
@@ -171,8 +173,10 @@
   };
   const configCards = () => {
     const box = document.getElementById("config");
-    box.replaceChildren(...[["Config", run.config], ["Plan", run.plan], ["Environment", run.env],
-      ["Summary", run.summary]].filter(([, v]) => v).map(([k, v]) => T.card(k, T.kv(v))));
+    // Config and plan keys as the user writes them; the rest in words.
+    box.replaceChildren(...[["Config", run.config, true], ["Plan", run.plan, true],
+      ["Environment", run.env], ["Summary", run.summary]].filter(([, v]) => v)
+      .map(([k, v, raw]) => T.card(k, T.kv(v, raw))));
   };
 
   // Each finding's fields, whatever they are: kind and severity head it, the rest below.
@@ -185,7 +189,7 @@
       T.el("h3", {}, f.kind, T.el("small", { text: f.severity })),
       f.message ? T.el("div", { text: f.message }) : null,
       Object.entries(f).filter(([k]) => !["kind", "severity", "message"].includes(k)).map(([k, v]) =>
-        T.el("div", { class: "field", "data-field": k }, T.el("b", { text: k }), T.kv(v))))), when);
+        T.el("div", { class: "field", "data-field": k }, T.el("b", { text: T.label(k), title: k }), T.kv(v))))), when);
   };
   const over = (found) => found.latest
     ? `over this live run's latest ${found.rows.toLocaleString("en-US")} rows, steps ${found.latest[0]}-${found.latest[1]} (the whole run once it ends)`

@@ -35,7 +35,7 @@
     const s = session.summary, box = document.getElementById("decision");
     if (!s) { box.replaceChildren(T.el("p", { class: "muted", text: session.status === T.catalogue.runs.RUNNING ? "the session is still running" : "no decision recorded" })); return; }
     box.replaceChildren(T.el("div", { class: "grid" },
-      T.card("Chosen plan changes", Object.keys(s.chosen || {}).length ? T.kv(s.chosen) : T.el("p", { text: "keep the current plan" })),
+      T.card("Chosen plan changes", Object.keys(s.chosen || {}).length ? T.kv(s.chosen, true) : T.el("p", { text: "keep the current plan" })),
       T.card("Speed-up vs the starting plan [95% CI]", T.el("p", { text: s.speedup ? interval(s.speedup, "x") : (s.decision ?? "–") })),
       T.card("Evidence and the rest", T.kv(Object.fromEntries(Object.entries(s).filter(([k]) => !["chosen", "speedup"].includes(k)))))));
   };
@@ -94,7 +94,7 @@
         const more = Object.keys(rest).length ? T.el("details", {}, T.el("summary", { text: `${Object.keys(rest).length} more` }), T.kv(rest)) : "";
         return T.el("tr", { class: `${f.kind || ""} ${t.status}`, "data-trial": t.trial_id },
           T.el("td", { text: t.trial_id }), T.el("td", { text: f.kind ?? "–" }), T.el("td", { text: f.label ?? "–" }),
-          T.el("td", { text: t.status }), T.el("td", {}, Object.keys(t.plan || {}).length ? T.kv(t.plan) : "–"),
+          T.el("td", { text: t.status }), T.el("td", {}, Object.keys(t.plan || {}).length ? T.kv(t.plan, true) : "–"),
           T.el("td", { class: "num", text: interval(f.samples_per_s) }), T.el("td", { class: "num", text: interval(f.ratio, "x") }),
           T.el("td", { text: t.decision ?? "" }), T.el("td", {}, more));
       }))));
