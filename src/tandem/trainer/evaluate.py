@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tandem.config import DataConfig
-from tandem.data.loader import batch_size, eval_batches
+from tandem.data.loader import batch_size, collate_of, eval_batches
 from tandem.data.sampler import eval_shard
 from tandem.parallel.tensor import Layout
 from tandem.runtime import Runtime
@@ -55,7 +55,8 @@ def evaluate(task: Task, model: nn.Module, dataset: Dataset, runtime: Runtime, b
     was_training = model.training
     model.eval()
     try:
-        for item in eval_batches(dataset, indices, batch, data_cfg, runtime.device):
+        for item in eval_batches(dataset, indices, batch, data_cfg, runtime.device,
+                                 collate_of(dataset, task.collate)):
             with precision.autocast():
                 outputs = outputs_of(task, model, item, views)
                 values = [task.loss(outputs, item)]

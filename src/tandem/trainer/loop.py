@@ -15,7 +15,7 @@ from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager, ModelWeights, OptimizerState
 from tandem.config import Config, parse_ramp, parse_target
 from tandem.config_values import target_met
-from tandem.data.loader import to_device, train_batches
+from tandem.data.loader import collate_of, to_device, train_batches
 from tandem.data.memory import held
 from tandem.data.sampler import GlobalBatchSampler, check_sizes, split_batch
 from tandem.data.seqlen import SeqRamp
@@ -70,7 +70,7 @@ class Trainer:
             self.precision = Precision(config.precision, runtime.device)
             self.target = parse_target(config.train.target) if config.train.target else None
             preflight.check_target(self.target, task.metrics, self.eval_dataset is not None)
-            batch = preflight.first_batch(self.dataset, list(range(self.micro)))
+            batch = preflight.first_batch(self.dataset, list(range(self.micro)), self.collate)
         batch = to_device(batch, runtime.device)
         with preflight.stage():
             preflight.check_step(task, self.strategy.module, batch, self.precision.autocast)
@@ -127,13 +127,15 @@ class Trainer:
         self.train_task = training_task(task, train.label_smoothing)
         self.dataset = task.train_data()
         preflight.check_dataset(self.dataset, "train_data")
-        self.dataset = held(self.dataset, self.config.data, "train_data")
+        self.collate = collate_of(self.dataset, task.collate)
+        self.dataset = held(self.dataset, self.config.data, "train_data", self.collate)
         for size in {train.global_batch, *(size for _, size in self.ramp)}:
             check_sizes(len(self.dataset), size, self.micro * self.layout.dp_size)  # type: ignore[arg-type]
         self.eval_dataset = task.eval_data() if task.eval_data is not None else None
         if self.eval_dataset is not None:
             preflight.check_dataset(self.eval_dataset, "eval_data")
-            self.eval_dataset = held(self.eval_dataset, self.config.data, "eval_data")
+            self.eval_dataset = held(self.eval_dataset, self.config.data, "eval_data",
+                                     collate_of(self.eval_dataset, task.collate))
         return self.strategy.build(task.model)
 
     def batch_at(self, step: int) -> int:
@@ -261,7 +263,7 @@ class Trainer:
             world_size=self.layout.dp_size, seed=cfg.run.seed, cursor=progress.cursor,
             batch_at=self.batch_at if self.ramp else None, step=self.state.step,
         )
-        batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
+        batches = train_batches(self.dataset, sampler, cfg.data, rt.device, self.collate)
         if cfg.train.seq_ramp:
             batches = SeqRamp(cfg.train.seq_ramp).apply(batches, lambda: self.state.step)
         clock, window = RunClock(progress.elapsed_s), WindowClock()
