@@ -26,6 +26,7 @@ from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
 from tandem.monitor.store import store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
+from tandem.trainer.evaluate import EvaluationError
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted
 from tandem.trainer.loop import Trainer, export_model
 from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
@@ -119,6 +120,11 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
         stop(runtime)  # every rank stopped here together: a clean teardown
         if isinstance(err, UsageError):
             _report_usage(err, config, name, runtime, script)
+        raise
+    except EvaluationError:
+        stop(runtime)  # agreed by every rank, its training committed; rank 0 said why
+        if script:
+            raise SystemExit(USAGE_EXIT_CODE) from None
         raise
     except BaseException:
         # This rank failed, perhaps alone: the others may be inside a collective, and a

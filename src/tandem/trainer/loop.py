@@ -32,7 +32,7 @@ from tandem.task import Task
 from tandem.trainer import preflight, restore
 from tandem.trainer.calibration import Calibration
 from tandem.trainer.ema import WeightAverage, averaged
-from tandem.trainer.evaluate import evaluate
+from tandem.trainer.evaluate import EvaluationError, evaluate
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, PreemptionFlag, agree
 from tandem.trainer.precision import Precision
 from tandem.trainer.resumed import Resumed, optimizer_record
@@ -238,10 +238,14 @@ class Trainer:
             return True
         return False
 
-    def _final_evaluation(self, reporter: Reporter, clock: RunClock) -> bool:
-        """The last evaluation: if it fails, the training before it is committed already."""
+    def _guarded_evaluation(self, reporter: Reporter, clock: RunClock) -> bool:
+        """An evaluation whose failure loses no training: one every rank agreed on commits
+        this step first (`EvaluationError.committed`); the last evaluation follows the
+        run's last checkpoint already."""
         try:
             return self._run_evaluation(reporter, clock)
+        except EvaluationError as err:
+            raise err.committed(self.state.step, self._commit(reporter, clock)) from err
         except Exception as err:
             try:
                 saved = self.checkpoints.wait()
@@ -252,6 +256,17 @@ class Trainer:
                              f"committed ({self.checkpoints.root}); fix the evaluation and run "
                              "the same command again: it evaluates without training again")
             raise
+
+    def _commit(self, reporter: Reporter, clock: RunClock) -> str | None:
+        """Commit the state at this step (every rank); its path, or None if that failed."""
+        try:
+            if self.checkpoints.last_step != self.state.step:
+                self.save(reporter, clock)
+            saved = self.checkpoints.wait()
+        except checkpoint.CheckpointError as err:
+            log.error("%s", err)
+            return None
+        return str(saved or self.checkpoints.root / f"step_{self.state.step:09d}")
 
     # -------------------------------------------------------------------- run
     def run(self, reporter: Reporter) -> dict[str, Any]:
@@ -285,7 +300,7 @@ class Trainer:
             self._on_schedule(self.state.step == cfg.train.steps, reporter, clock)
             window.resume()
         if not self.last_eval:
-            self._final_evaluation(reporter, clock)
+            self._guarded_evaluation(reporter, clock)
         self.checkpoints.wait()
         progress.elapsed_s = clock.elapsed()
         return self.summary()
@@ -360,8 +375,7 @@ class Trainer:
             self.heartbeat.at(step, "checkpoint")
             self.save(reporter, clock)
         if evaluate_now:
-            reached = self._final_evaluation(reporter, clock) if last else (
-                self._run_evaluation(reporter, clock))
+            reached = self._guarded_evaluation(reporter, clock)
             if reached and save_now and last:
                 self.save(reporter, clock)  # the checkpoint must know the target is met
             if reached and cfg.train.stop_at_target and not last:
