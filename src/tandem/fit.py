@@ -18,7 +18,7 @@ from rich.console import Console
 from torch import nn
 
 from tandem.analyze.scaling import scaling_figures
-from tandem.config import USAGE, Config, load, parse_args, reference, validate
+from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
 from tandem.monitor.recorder import Recorder, new_run_id, record_failure
@@ -67,7 +67,12 @@ def config_from_argv(argv: list[str], defaults: dict[str, Any] | None = None) ->
             sys.stdout.write(USAGE + "\n" + reference(defaults) + "\n")
         raise SystemExit(0)
     plan = args.plan or os.environ.get("TANDEM_PLAN") or None
-    return load(args.config, args.overrides, defaults, plan)
+    config = load(args.config, args.overrides, defaults, plan)
+    if plan is not None and os.environ.get("RANK", "0") == "0":  # once per job
+        for key, planned, flag in plan_overrides(plan, args.overrides):
+            sys.stderr.write(f"tandem: warning: --{key} {flag!r} overrides the plan file's "
+                             f"{key} = {planned!r} ({plan}); flags win over the plan\n")
+    return config
 
 
 def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
