@@ -27,7 +27,7 @@ from tandem.monitor.store import store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
 from tandem.trainer.evaluate import EvaluationError
-from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted
+from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, StartupInterrupt
 from tandem.trainer.loop import Trainer, export_model
 from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
 
@@ -111,6 +111,21 @@ def _usage_exit(message: str, speak: bool) -> None:
 
 
 def _run(task: Task, config: Config, script: bool) -> RunResult:
+    startup = StartupInterrupt()
+    try:
+        return _start_and_fit(task, config, script, startup)
+    except BaseException:
+        if not (startup.received and script):
+            raise
+        # A Ctrl-C during start-up, or what it caused (a peer that left a collective).
+        startup.exit(os.environ.get("RANK", "0") == "0")
+        raise
+    finally:
+        startup.close()
+
+
+def _start_and_fit(task: Task, config: Config, script: bool,
+                   startup: StartupInterrupt) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     try:
         runtime = start(config.plan)
@@ -120,7 +135,7 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
     _setup_logging(runtime)
     try:
-        result = _fit(task, config, runtime, name)
+        result = _fit(task, config, runtime, name, startup)
     except (Preempted, UsageError) as err:
         stop(runtime)  # every rank stopped here together: a clean teardown
         if isinstance(err, UsageError):
@@ -171,10 +186,12 @@ def _report_usage(err: UsageError, config: Config, name: str, runtime: Runtime,
                 runtime.rank == ranks[0])
 
 
-def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
+def _fit(task: Task, config: Config, runtime: Runtime, name: str,
+         startup: StartupInterrupt) -> RunResult:
     check_same_config(config, runtime)
     run_dir = run_dir_of(config, name)
     trainer = Trainer(task, config, runtime, run_dir)
+    startup.close()  # the trainer's PreemptionFlag has taken Ctrl-C over
     lease = take_lease(run_dir, runtime)
     try:
         return _train(trainer, config, runtime, name, lease)
