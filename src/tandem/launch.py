@@ -33,9 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc-per-node", default="1",
                         help="processes on this node (an integer, or 'cpu'/'gpu'/'auto')")
     parser.add_argument("--nnodes", default="1", help="nodes, or MIN:MAX for elastic runs")
-    parser.add_argument("--node-rank", default=None, help="this node's rank (static rendezvous)")
+    parser.add_argument("--node-rank", default=None,
+                        help="this node's rank: its processes get ranks node-rank x "
+                             "nproc-per-node onwards (static rendezvous; without it, c10d "
+                             "numbers the nodes itself)")
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
-    parser.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
+    parser.add_argument("--rdzv-backend", default=None,
+                        help="rendezvous backend: 'static' with --node-rank (node 0 serves "
+                             "the store at the endpoint), else 'c10d' (elastic --nnodes "
+                             "MIN:MAX; ranks by its own order, not by any flag)")
     parser.add_argument("--rdzv-id", default="tandem", help="job id shared by all nodes")
     parser.add_argument("--rdzv-conf", default=None,
                         help="rendezvous options, e.g. is_host=true on the node that serves "
@@ -120,7 +126,8 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
     else:
         if ns.rdzv_endpoint is None:
             raise ValueError("--rdzv-endpoint HOST:PORT is needed when --nnodes is not 1")
-        cmd += [f"--nnodes={ns.nnodes}", f"--rdzv-backend={ns.rdzv_backend}",
+        backend = _rendezvous_backend(ns)
+        cmd += [f"--nnodes={ns.nnodes}", f"--rdzv-backend={backend}",
                 f"--rdzv-endpoint={ns.rdzv_endpoint}", f"--rdzv-id={ns.rdzv_id}"]
         if ns.node_rank is not None:
             cmd.append(f"--node-rank={ns.node_rank}")
@@ -133,6 +140,28 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
     if getattr(ns, "observe", False):
         return [*cmd, "-m", "tandem.observe", ns.script, *ns.args]
     return [*cmd, ns.script, *ns.args]
+
+
+def _rendezvous_backend(ns: argparse.Namespace) -> str:
+    """'static' where --node-rank is given (torchrun's c10d rendezvous ignores it and
+    numbers the nodes by its own order), else the backend asked for, else 'c10d'."""
+    backend = ns.rdzv_backend or ("static" if ns.node_rank is not None else "c10d")
+    if ns.node_rank is None:
+        if backend == "static":
+            raise ValueError("--rdzv-backend static needs --node-rank (0 on the node that "
+                             "serves the rendezvous at --rdzv-endpoint)")
+        return backend
+    if backend != "static":
+        raise ValueError(f"--node-rank {ns.node_rank}: the {backend} rendezvous ignores it "
+                         "and numbers the nodes itself; drop --node-rank, or use "
+                         "--rdzv-backend static")
+    if not str(ns.nnodes).isdigit():
+        raise ValueError(f"--nnodes {ns.nnodes}: --node-rank (a static rendezvous) needs a "
+                         "fixed number of nodes; give MIN:MAX without --node-rank (c10d)")
+    if not str(ns.node_rank).isdigit() or int(ns.node_rank) >= int(ns.nnodes):
+        raise ValueError(f"--node-rank {ns.node_rank}: must be an integer in "
+                         f"[0, {int(ns.nnodes) - 1}] for --nnodes {ns.nnodes}")
+    return backend
 
 
 def launch(ns: argparse.Namespace) -> int:
