@@ -101,12 +101,19 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
 
 
 def _usage_exit(message: str, speak: bool) -> None:
-    """One line, printed once, and exit status 2; `tandem run` is told why."""
-    if speak:
+    """One line, said once, and exit status 2.
+
+    Under `tandem run` every rank hands the line to the launcher, which prints it: its
+    agent stops the other workers as soon as one has exited, which may be before the
+    rank meant to speak has spoken. Otherwise the rank that `speak`s prints it."""
+    status_file = os.environ.get(STATUS_FILE_ENV)
+    if status_file:
+        # Every rank writes the same line; a rename, so the launcher never reads half.
+        part = Path(f"{status_file}.{os.getpid()}")
+        part.write_text(f"usage 0\n{message}\n")
+        part.replace(status_file)
+    elif speak:
         sys.stderr.write(f"tandem: error: {message}\n")
-        status_file = os.environ.get(STATUS_FILE_ENV)
-        if status_file:
-            Path(status_file).write_text("usage 0\n")
     raise SystemExit(USAGE_EXIT_CODE)
 
 
@@ -179,11 +186,13 @@ def _report_usage(err: UsageError, config: Config, name: str, runtime: Runtime,
                        "preflight" if isinstance(err, PreflightError) else "usage", str(err))
     if not script:
         return
-    if ranks[0] != 0 and runtime.rank == 0:
+    launched = bool(os.environ.get(STATUS_FILE_ENV))  # `tandem run` prints the line
+    if ranks[0] != 0 and runtime.rank == 0 and not launched:
         sys.stderr.write(f"tandem: error: rank {ranks[0]} failed its checks (its message "
                          "is above)\n")
-    _usage_exit(str(err) + (f" (ranks {ranks})" if len(ranks) > 1 else ""),
-                runtime.rank == ranks[0])
+    where = (f" (ranks {ranks})" if len(ranks) > 1 else
+             f" (rank {ranks[0]} failed its checks)" if launched and ranks[0] != 0 else "")
+    _usage_exit(str(err) + where, runtime.rank == ranks[0])
 
 
 def _fit(task: Task, config: Config, runtime: Runtime, name: str,

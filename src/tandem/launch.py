@@ -171,7 +171,7 @@ def launch(ns: argparse.Namespace) -> int:
     they commit a checkpoint at the next step boundary and stop, with status 75 for a
     preemption and 130 for Ctrl-C; running the same command again continues the run. A
     second Ctrl-C kills the job at once (committed checkpoints stay intact). A usage
-    error exits 2 with the worker's one-line message only.
+    error exits 2 with its one-line message only (handed over by the workers).
     """
     cmd = launch_command(ns)
     from tandem.dashboard.command import beside_run
@@ -198,8 +198,8 @@ def _launch(ns: argparse.Namespace, cmd: list[str]) -> int:
         # the agent).
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
         code = _wait_relaying_signals(child)
-        status = status_file.read_text().split() if status_file.exists() else []
-    return _outcome(status, code)
+        lines = status_file.read_text().splitlines() if status_file.exists() else []
+    return _outcome(lines[0].split() if lines else [], code, lines[1] if len(lines) > 1 else "")
 
 
 def _wait_relaying_signals(child: subprocess.Popen) -> int:
@@ -239,8 +239,9 @@ def _kill_tree(pid: int) -> None:
             continue
 
 
-def _outcome(status: list[str], code: int) -> int:
-    """The job's exit status, with a line saying how to go on where that helps."""
+def _outcome(status: list[str], code: int, message: str = "") -> int:
+    """The job's exit status, with a line saying how to go on where that helps (a usage
+    error's `message`: the workers hand it over rather than print it, see fit.py)."""
     if status and status[0] == "preempted":
         print(f"tandem: preempted at step {status[1]}; the checkpoint is committed - run "
               "the same command again to continue", file=sys.stderr)
@@ -250,5 +251,7 @@ def _outcome(status: list[str], code: int) -> int:
               "the same command again to continue", file=sys.stderr)
         return INTERRUPTED_EXIT_CODE
     if status and status[0] == "usage":
+        if message:
+            print(f"tandem: error: {message}", file=sys.stderr)
         return USAGE_EXIT_CODE
     return code
