@@ -98,6 +98,7 @@ class StartupInterrupt:
     def __init__(self) -> None:
         self.received = False
         self.closed = False
+        self._first = 0.0  # when the first SIGINT came (time.monotonic)
         self._previous: object = None
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._on_sigint)
@@ -109,8 +110,11 @@ class StartupInterrupt:
             elif self._previous != signal.SIG_IGN:
                 raise KeyboardInterrupt
             return
+        now = time.monotonic()
         if not self.received:
-            self.received = True
+            self.received, self._first = True, now
+            raise KeyboardInterrupt
+        if now - self._first >= SAME_PRESS_S:  # a second press: whatever caught the first
             raise KeyboardInterrupt
 
     def close(self) -> None:
