@@ -258,6 +258,26 @@ def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None
     return validate(config)
 
 
+def plan_overrides(plan: str | Path, overrides: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The keys the plan file sets that a flag sets to another value, as (key, the plan's
+    value, the flag's value): flags win (`load`), and a tuned plan overridden without a
+    word runs another plan than the one the user believes."""
+    with Path(plan).open("rb") as handle:
+        document = tomllib.load(handle)
+    planned = {f"{section}.{name}" for section, values in document.items()
+               if isinstance(values, dict) for name in values}
+    ours, theirs = Config(), Config()
+    _apply_toml(ours, plan, "plan file")
+    found = []
+    for key in sorted(planned & set(overrides)):
+        _set(theirs, key, overrides[key])
+        section, name = key.split(".")
+        mine, flag = getattr(getattr(ours, section), name), getattr(getattr(theirs, section), name)
+        if mine != flag:
+            found.append((key, mine, flag))
+    return found
+
+
 @dataclass
 class Args:
     """A script's command line, split: `--config FILE`, `--plan FILE`, overrides, `--help`."""

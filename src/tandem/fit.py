@@ -18,7 +18,7 @@ from rich.console import Console
 from torch import nn
 
 from tandem.analyze.scaling import scaling_figures
-from tandem.config import USAGE, Config, load, parse_args, reference, validate
+from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
 from tandem.monitor.recorder import Recorder, new_run_id
@@ -27,7 +27,8 @@ from tandem.monitor.store import RunStore, store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.status import ExitStatus, RunStatus
 from tandem.task import Task
-from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted
+from tandem.trainer.evaluate import EvaluationError
+from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, StartupInterrupt
 from tandem.trainer.loop import Trainer, export_model
 from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
 
@@ -67,7 +68,12 @@ def config_from_argv(argv: list[str], defaults: dict[str, Any] | None = None) ->
             sys.stdout.write(USAGE + "\n" + reference(defaults) + "\n")
         raise SystemExit(0)
     plan = args.plan or os.environ.get("TANDEM_PLAN") or None
-    return load(args.config, args.overrides, defaults, plan)
+    config = load(args.config, args.overrides, defaults, plan)
+    if plan is not None and os.environ.get("RANK", "0") == "0":  # once per job
+        for key, planned, flag in plan_overrides(plan, args.overrides):
+            sys.stderr.write(f"tandem: warning: --{key} {flag!r} overrides the plan file's "
+                             f"{key} = {planned!r} ({plan}); flags win over the plan\n")
+    return config
 
 
 def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
@@ -96,16 +102,38 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
 
 
 def _usage_exit(message: str, speak: bool) -> None:
-    """One line, printed once, and exit status 2; `tandem run` is told why."""
-    if speak:
+    """One line, said once, and exit status 2.
+
+    Under `tandem run` every rank hands the line to the launcher, which prints it: its
+    agent stops the other workers as soon as one has exited, which may be before the
+    rank meant to speak has spoken. Otherwise the rank that `speak`s prints it."""
+    status_file = os.environ.get(STATUS_FILE_ENV)
+    if status_file:
+        # Every rank writes the same line; a rename, so the launcher never reads half.
+        part = Path(f"{status_file}.{os.getpid()}")
+        part.write_text(f"usage 0\n{message}\n")
+        part.replace(status_file)
+    elif speak:
         sys.stderr.write(f"tandem: error: {message}\n")
-        status_file = os.environ.get(STATUS_FILE_ENV)
-        if status_file:
-            Path(status_file).write_text("usage 0\n")
     raise SystemExit(ExitStatus.USAGE)
 
 
 def _run(task: Task, config: Config, script: bool) -> RunResult:
+    startup = StartupInterrupt()
+    try:
+        return _start_and_fit(task, config, script, startup)
+    except BaseException:
+        if not (startup.received and script):
+            raise
+        # A Ctrl-C during start-up, or what it caused (a peer that left a collective).
+        startup.exit(os.environ.get("RANK", "0") == "0")
+        raise
+    finally:
+        startup.close()
+
+
+def _start_and_fit(task: Task, config: Config, script: bool,
+                   startup: StartupInterrupt) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     try:
         runtime = start(config.plan)
@@ -115,11 +143,16 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
     _setup_logging(runtime)
     try:
-        result = _fit(task, config, runtime, name)
+        result = _fit(task, config, runtime, name, startup)
     except (Preempted, UsageError) as err:
         stop(runtime)  # every rank stopped here together: a clean teardown
         if isinstance(err, UsageError):
             _report_usage(err, runtime, script)
+        raise
+    except EvaluationError:
+        stop(runtime)  # agreed by every rank, its training committed; rank 0 said why
+        if script:
+            raise SystemExit(ExitStatus.USAGE) from None
         raise
     except BaseException:
         # This rank failed, perhaps alone: the others may be inside a collective, and a
@@ -151,17 +184,21 @@ def _report_usage(err: UsageError, runtime: Runtime, script: bool) -> None:
     ranks = err.ranks if isinstance(err, PreflightError) else [0]
     if not script:
         return
-    if ranks[0] != 0 and runtime.rank == 0:
+    launched = bool(os.environ.get(STATUS_FILE_ENV))  # `tandem run` prints the line
+    if ranks[0] != 0 and runtime.rank == 0 and not launched:
         sys.stderr.write(f"tandem: error: rank {ranks[0]} failed its checks (its message "
                          "is above)\n")
-    _usage_exit(str(err) + (f" (ranks {ranks})" if len(ranks) > 1 else ""),
-                runtime.rank == ranks[0])
+    where = (f" (ranks {ranks})" if len(ranks) > 1 else
+             f" (rank {ranks[0]} failed its checks)" if launched and ranks[0] != 0 else "")
+    _usage_exit(str(err) + where, runtime.rank == ranks[0])
 
 
-def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
+def _fit(task: Task, config: Config, runtime: Runtime, name: str,
+         startup: StartupInterrupt) -> RunResult:
     check_same_config(config, runtime)
     run_dir = run_dir_of(config, name)
     trainer = Trainer(task, config, runtime, run_dir)
+    startup.close()  # the trainer's PreemptionFlag has taken Ctrl-C over
     lease = take_lease(run_dir, runtime)
     try:
         return _train(trainer, config, runtime, name, lease)

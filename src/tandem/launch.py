@@ -28,9 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc-per-node", default="1",
                         help="processes on this node (an integer, or 'cpu'/'gpu'/'auto')")
     parser.add_argument("--nnodes", default="1", help="nodes, or MIN:MAX for elastic runs")
-    parser.add_argument("--node-rank", default=None, help="this node's rank (static rendezvous)")
+    parser.add_argument("--node-rank", default=None,
+                        help="this node's rank: its processes get ranks node-rank x "
+                             "nproc-per-node onwards (static rendezvous; without it, c10d "
+                             "numbers the nodes itself)")
     parser.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT of the rendezvous")
-    parser.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
+    parser.add_argument("--rdzv-backend", default=None,
+                        help="rendezvous backend: 'static' with --node-rank (node 0 serves "
+                             "the store at the endpoint), else 'c10d' (elastic --nnodes "
+                             "MIN:MAX; ranks by its own order, not by any flag)")
     parser.add_argument("--rdzv-id", default="tandem", help="job id shared by all nodes")
     parser.add_argument("--rdzv-conf", default=None,
                         help="rendezvous options, e.g. is_host=true on the node that serves "
@@ -115,7 +121,8 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
     else:
         if ns.rdzv_endpoint is None:
             raise ValueError("--rdzv-endpoint HOST:PORT is needed when --nnodes is not 1")
-        cmd += [f"--nnodes={ns.nnodes}", f"--rdzv-backend={ns.rdzv_backend}",
+        backend = _rendezvous_backend(ns)
+        cmd += [f"--nnodes={ns.nnodes}", f"--rdzv-backend={backend}",
                 f"--rdzv-endpoint={ns.rdzv_endpoint}", f"--rdzv-id={ns.rdzv_id}"]
         if ns.node_rank is not None:
             cmd.append(f"--node-rank={ns.node_rank}")
@@ -130,6 +137,28 @@ def torchrun_command(ns: argparse.Namespace) -> list[str]:
     return [*cmd, ns.script, *ns.args]
 
 
+def _rendezvous_backend(ns: argparse.Namespace) -> str:
+    """'static' where --node-rank is given (torchrun's c10d rendezvous ignores it and
+    numbers the nodes by its own order), else the backend asked for, else 'c10d'."""
+    backend = ns.rdzv_backend or ("static" if ns.node_rank is not None else "c10d")
+    if ns.node_rank is None:
+        if backend == "static":
+            raise ValueError("--rdzv-backend static needs --node-rank (0 on the node that "
+                             "serves the rendezvous at --rdzv-endpoint)")
+        return backend
+    if backend != "static":
+        raise ValueError(f"--node-rank {ns.node_rank}: the {backend} rendezvous ignores it "
+                         "and numbers the nodes itself; drop --node-rank, or use "
+                         "--rdzv-backend static")
+    if not str(ns.nnodes).isdigit():
+        raise ValueError(f"--nnodes {ns.nnodes}: --node-rank (a static rendezvous) needs a "
+                         "fixed number of nodes; give MIN:MAX without --node-rank (c10d)")
+    if not str(ns.node_rank).isdigit() or int(ns.node_rank) >= int(ns.nnodes):
+        raise ValueError(f"--node-rank {ns.node_rank}: must be an integer in "
+                         f"[0, {int(ns.nnodes) - 1}] for --nnodes {ns.nnodes}")
+    return backend
+
+
 def launch(ns: argparse.Namespace) -> int:
     """Run the job as a child process group; relay signals; return the job's exit status.
 
@@ -137,7 +166,7 @@ def launch(ns: argparse.Namespace) -> int:
     they commit a checkpoint at the next step boundary and stop, with status 75 for a
     preemption and 130 for Ctrl-C; running the same command again continues the run. A
     second Ctrl-C kills the job at once (committed checkpoints stay intact). A usage
-    error exits 2 with the worker's one-line message only.
+    error exits 2 with its one-line message only (handed over by the workers).
     """
     cmd = launch_command(ns)
     from tandem.dashboard.command import beside_run
@@ -164,8 +193,8 @@ def _launch(ns: argparse.Namespace, cmd: list[str]) -> int:
         # the agent).
         child = subprocess.Popen(cmd, env=env, start_new_session=True)
         code = _wait_relaying_signals(child)
-        status = status_file.read_text().split() if status_file.exists() else []
-    return _outcome(status, code)
+        lines = status_file.read_text().splitlines() if status_file.exists() else []
+    return _outcome(lines[0].split() if lines else [], code, lines[1] if len(lines) > 1 else "")
 
 
 def _wait_relaying_signals(child: subprocess.Popen) -> int:
@@ -205,8 +234,9 @@ def _kill_tree(pid: int) -> None:
             continue
 
 
-def _outcome(status: list[str], code: int) -> int:
-    """The job's exit status, with a line saying how to go on where that helps."""
+def _outcome(status: list[str], code: int, message: str = "") -> int:
+    """The job's exit status, with a line saying how to go on where that helps (a usage
+    error's `message`: the workers hand it over rather than print it, see fit.py)."""
     if status and status[0] == RunStatus.PREEMPTED:
         from tandem.sched.attempt import launcher_line  # the scheduler's stop, if it was
 
@@ -219,5 +249,7 @@ def _outcome(status: list[str], code: int) -> int:
               "the same command again to continue", file=sys.stderr)
         return ExitStatus.INTERRUPTED
     if status and status[0] == "usage":
+        if message:
+            print(f"tandem: error: {message}", file=sys.stderr)
         return ExitStatus.USAGE
     return code

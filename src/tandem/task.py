@@ -43,6 +43,13 @@ class Task:
     batch itself if it should count. The outputs must be tensors of one shape.
     ``train.eval_views false`` turns it off without changing the task.
 
+    ``collate(samples)`` (optional) makes one batch of a list of samples, e.g. pads
+    sequences of different lengths; without it a dataset's own ``collate_fn`` attribute
+    is used, else torch's ``default_collate``. It is called on the samples of one
+    micro-batch (one rank's share of one accumulation pass), in training and evaluation,
+    so its batch must not depend on which other samples share the global batch: a loss
+    that ignores padding gives the same training at every process count.
+
     ``tensor_parallel`` names the layers to split when ``plan.tp`` > 1: module path
     patterns (fnmatch, e.g. ``"blocks.*.attn.q"``) mapped to ``"colwise"`` or
     ``"rowwise"``. A column-wise layer keeps its output sharded over the tensor-parallel
@@ -61,12 +68,13 @@ class Task:
     tokens_per_sample: int | None = None
     tensor_parallel: Mapping[str, str] | None = None
     eval_views: Callable[[Batch], Sequence[Batch]] | None = None
+    collate: Callable[[list[Any]], Batch] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "optimizer", "train_data", "loss"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable, got {getattr(self, name)!r}")
-        for name in ("eval_data", "eval_views"):
+        for name in ("eval_data", "eval_views", "collate"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable or None, got "
                                  f"{getattr(self, name)!r}")

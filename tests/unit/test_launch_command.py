@@ -26,6 +26,25 @@ def test_multi_node_flags_pass_through(tmp_path: Path) -> None:
     assert cmd[-2:] == ["--train.steps", "3"]
 
 
+def test_a_node_rank_is_honoured_by_a_static_rendezvous(tmp_path: Path) -> None:
+    # c10d ignores --node-rank (it numbers the nodes itself): a node rank means static.
+    ranked = _command(tmp_path, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                      "10.0.0.1:29400")
+    assert "--rdzv-backend=static" in ranked and "--node-rank=1" in ranked
+    elastic = _command(tmp_path, "--nnodes", "1:4", "--rdzv-endpoint", "10.0.0.1:29400")
+    assert "--rdzv-backend=c10d" in elastic and not any("node-rank" in a for a in elastic)
+    endpoint = ("--rdzv-endpoint", "10.0.0.1:29400")
+    with pytest.raises(ValueError, match="--node-rank 1: the c10d rendezvous ignores it"):
+        _command(tmp_path, "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d",
+                 *endpoint)
+    with pytest.raises(ValueError, match="--nnodes 1:4: --node-rank"):
+        _command(tmp_path, "--nnodes", "1:4", "--node-rank", "0", *endpoint)
+    with pytest.raises(ValueError, match=r"--node-rank 2: must be an integer in \[0, 1\]"):
+        _command(tmp_path, "--nnodes", "2", "--node-rank", "2", *endpoint)
+    with pytest.raises(ValueError, match="--rdzv-backend static needs --node-rank"):
+        _command(tmp_path, "--nnodes", "2", "--rdzv-backend", "static", *endpoint)
+
+
 def test_missing_plan_and_endpoint_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--plan 'nope.toml' does not exist"):
         _command(tmp_path, "--plan", "nope.toml")

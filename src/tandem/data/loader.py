@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from tandem.config import DataConfig
 from tandem.data.memory import MemoryDataset
 from tandem.data.sampler import GlobalBatchSampler
 from tandem.runtime import derive_seed
+
+Collate = Callable[[list[Any]], Any]
+
+
+def collate_of(dataset: Dataset, collate: Collate | None = None) -> Collate:
+    """What makes one micro-batch of samples: `collate` (Task.collate), else the dataset's
+    own `collate_fn` attribute (as many datasets carry one), else torch's default_collate."""
+    if collate is not None:
+        return collate
+    own = getattr(dataset, "collate_fn", None)
+    return own if callable(own) else default_collate
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -38,11 +49,12 @@ def batch_size(batch: Any) -> int:
 
 
 def _loader(dataset: Dataset, sampler: Iterable[list[int]], cfg: DataConfig,
-            device: torch.device, seed: int) -> DataLoader:
+            device: torch.device, seed: int, collate: Collate | None) -> DataLoader:
     workers = cfg.workers
     return DataLoader(
         dataset,
         batch_sampler=sampler,
+        collate_fn=collate_of(dataset, collate),
         num_workers=workers,
         pin_memory=cfg.pin_memory and device.type == "cuda",
         prefetch_factor=cfg.prefetch if workers > 0 else None,
@@ -51,14 +63,15 @@ def _loader(dataset: Dataset, sampler: Iterable[list[int]], cfg: DataConfig,
 
 
 def train_batches(dataset: Dataset, sampler: GlobalBatchSampler, cfg: DataConfig,
-                  device: torch.device) -> Iterator[Any]:
-    """This rank's micro-batches on `device`, in the global order, without end."""
+                  device: torch.device, collate: Collate | None = None) -> Iterator[Any]:
+    """This rank's micro-batches on `device`, in the global order, without end. Each
+    micro-batch's samples are collated together (`collate_of`)."""
     if isinstance(dataset, MemoryDataset):  # data.in_memory: gathered, not loaded
         batches: Iterator[Any] = (dataset.gather(ids) for ids in sampler)
     else:
         seed = derive_seed("loader", sampler.seed, sampler.rank, sampler.cursor.epoch,
                            sampler.cursor.offset)
-        batches = iter(_loader(dataset, sampler, cfg, device, seed))
+        batches = iter(_loader(dataset, sampler, cfg, device, seed, collate))
     if device.type == "cuda":
         return _cuda_prefetch(batches, device)
     return batches
@@ -94,10 +107,10 @@ def _record(batch: Any, stream: torch.cuda.Stream) -> None:
 
 
 def eval_batches(dataset: Dataset, indices: range, batch: int, cfg: DataConfig,
-                 device: torch.device) -> Iterator[Any]:
+                 device: torch.device, collate: Collate | None = None) -> Iterator[Any]:
     """This rank's evaluation batches on `device` (an uneven last batch is kept)."""
     chunks = [list(indices[i : i + batch]) for i in range(0, len(indices), batch)]
     items = ((dataset.gather(ids) for ids in chunks) if isinstance(dataset, MemoryDataset)
-             else _loader(dataset, chunks, cfg, device, 0))
+             else _loader(dataset, chunks, cfg, device, 0, collate))
     for item in items:
         yield to_device(item, device, non_blocking=True)

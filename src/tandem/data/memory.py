@@ -6,13 +6,16 @@ calls the dataset once per sample at start, collates everything (the DataLoader'
 `default_collate`, in chunks), and then builds each batch by indexing the stacked
 tensors with the batch's sample ids. The ids come from the same `GlobalBatchSampler`,
 so the samples, their order and their values are those of the DataLoader path.
+
+With a collate of the task's or the dataset's own (samples of different lengths, say),
+the samples are read once and kept as they are; each batch is that collate of them.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -62,11 +65,17 @@ def _index(data: Any, ids: torch.Tensor, idlist: list[int]) -> Any:
 class MemoryDataset(Dataset):
     """Another dataset's samples, collated once into stacked tensors."""
 
-    def __init__(self, dataset: Dataset, name: str = "dataset") -> None:
+    def __init__(self, dataset: Dataset, name: str = "dataset",
+                 collate: Callable[[list[Any]], Any] = default_collate) -> None:
         started = time.perf_counter()
         n = len(dataset)  # type: ignore[arg-type]
-        parts = [default_collate([dataset[i] for i in range(s, min(n, s + CHUNK))])
-                 for s in range(0, n, CHUNK)]
+        self.collate = collate
+        # A collate of the user's may pad, sort or drop: only default_collate's batches
+        # are rows of one stacked whole; the others are collated per batch.
+        self.samples = None if collate is default_collate else [dataset[i] for i in range(n)]
+        parts = [] if self.samples is not None else [
+            default_collate([dataset[i] for i in range(s, min(n, s + CHUNK))])
+            for s in range(0, n, CHUNK)]
         self.data = _join(parts) if parts else None
         self.size = n
         self.load_s = time.perf_counter() - started  # paid before the first step
@@ -76,11 +85,15 @@ class MemoryDataset(Dataset):
         return self.size
 
     def __getitem__(self, index: int) -> Any:
+        if self.samples is not None:
+            return self.samples[index]
         return self.gather([index], batched=False)
 
     def gather(self, indices: Sequence[int], batched: bool = True) -> Any:
-        """The batch of samples `indices`, as `default_collate` would have made it."""
+        """The batch of samples `indices`, as the collate would have made it."""
         idlist = list(indices)
+        if self.samples is not None:
+            return self.collate([self.samples[i] for i in idlist])
         batch = _index(self.data, torch.as_tensor(idlist, dtype=torch.int64), idlist)
         return batch if batched else _first(batch)
 
@@ -103,8 +116,9 @@ def load_seconds(*datasets: Dataset | None) -> float:
     return sum(d.load_s for d in datasets if isinstance(d, MemoryDataset))
 
 
-def held(dataset: Dataset, cfg: DataConfig, name: str) -> Dataset:
+def held(dataset: Dataset, cfg: DataConfig, name: str,
+         collate: Callable[[list[Any]], Any] = default_collate) -> Dataset:
     """`dataset` read into memory when `data.in_memory` says so; otherwise itself."""
     if not cfg.in_memory or isinstance(dataset, MemoryDataset):
         return dataset
-    return MemoryDataset(dataset, name)
+    return MemoryDataset(dataset, name, collate)

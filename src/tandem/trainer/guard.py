@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -84,6 +85,52 @@ class PreemptionFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous = {}
+
+
+class StartupInterrupt:
+    """Ctrl-C before training takes the signals over (`PreemptionFlag`): the process-group
+    start, the preflight, the model's build. The first SIGINT leaves whatever start-up is
+    doing (KeyboardInterrupt) and is remembered, so that the failure it causes here or on
+    another rank (a collective whose peer left) is reported as what it is: one line, exit
+    status 130, instead of every rank's traceback. Once closed, SIGINT is handled as
+    before it was installed."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self.closed = False
+        self._first = 0.0  # when the first SIGINT came (time.monotonic)
+        self._previous: object = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: FrameType | None) -> None:
+        if self.closed:  # put back by a handler that came after this one
+            if callable(self._previous):
+                self._previous(signum, frame)
+            elif self._previous != signal.SIG_IGN:
+                raise KeyboardInterrupt
+            return
+        now = time.monotonic()
+        if not self.received:
+            self.received, self._first = True, now
+            raise KeyboardInterrupt
+        if now - self._first >= SAME_PRESS_S:  # a second press: whatever caught the first
+            raise KeyboardInterrupt
+
+    def close(self) -> None:
+        """Start-up is over: SIGINT goes back to the handler it had (a later handler that
+        was installed over this one keeps it until it puts this one back)."""
+        self.closed = True
+        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._on_sigint:
+            signal.signal(signal.SIGINT, self._previous)  # type: ignore[arg-type]
+
+    def exit(self, speak: bool) -> None:
+        """Stop this process with status 130; `speak`: say why (one rank for the job)."""
+        if speak:
+            sys.stderr.write("tandem: interrupted during start-up, before the first step; "
+                             "nothing was trained or committed by this launch - run the same "
+                             "command again to start\n")
+        raise SystemExit(ExitStatus.INTERRUPTED)
 
 
 @dataclass(frozen=True)

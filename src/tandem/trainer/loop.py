@@ -15,7 +15,7 @@ from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager, ModelWeights, OptimizerState
 from tandem.config import Config, parse_ramp, parse_target
 from tandem.config_values import target_met
-from tandem.data.loader import to_device, train_batches
+from tandem.data.loader import collate_of, to_device, train_batches
 from tandem.data.memory import held, load_seconds
 from tandem.data.sampler import GlobalBatchSampler, check_sizes, split_batch
 from tandem.data.seqlen import SeqRamp
@@ -33,7 +33,7 @@ from tandem.task import Task
 from tandem.trainer import preflight, restore
 from tandem.trainer.calibration import Calibration
 from tandem.trainer.ema import WeightAverage, averaged
-from tandem.trainer.evaluate import evaluate
+from tandem.trainer.evaluate import EvaluationError, evaluate
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, PreemptionFlag, agree
 from tandem.trainer.precision import Precision
 from tandem.trainer.resumed import Resumed, optimizer_record
@@ -71,7 +71,7 @@ class Trainer:
             self.precision = Precision(config.precision, runtime.device)
             self.target = parse_target(config.train.target) if config.train.target else None
             preflight.check_target(self.target, task.metrics, self.eval_dataset is not None)
-            batch = preflight.first_batch(self.dataset, list(range(self.micro)))
+            batch = preflight.first_batch(self.dataset, list(range(self.micro)), self.collate)
         batch = to_device(batch, runtime.device)
         with preflight.stage():
             preflight.check_step(task, self.strategy.module, batch, self.precision.autocast)
@@ -128,13 +128,15 @@ class Trainer:
         self.train_task = training_task(task, train.label_smoothing)
         self.dataset = task.train_data()
         preflight.check_dataset(self.dataset, "train_data")
-        self.dataset = held(self.dataset, self.config.data, "train_data")
+        self.collate = collate_of(self.dataset, task.collate)
+        self.dataset = held(self.dataset, self.config.data, "train_data", self.collate)
         for size in {train.global_batch, *(size for _, size in self.ramp)}:
             check_sizes(len(self.dataset), size, self.micro * self.layout.dp_size)  # type: ignore[arg-type]
         self.eval_dataset = task.eval_data() if task.eval_data is not None else None
         if self.eval_dataset is not None:
             preflight.check_dataset(self.eval_dataset, "eval_data")
-            self.eval_dataset = held(self.eval_dataset, self.config.data, "eval_data")
+            self.eval_dataset = held(self.eval_dataset, self.config.data, "eval_data",
+                                     collate_of(self.eval_dataset, task.collate))
         return self.strategy.build(task.model)
 
     def batch_at(self, step: int) -> int:
@@ -240,10 +242,14 @@ class Trainer:
             return True
         return False
 
-    def _final_evaluation(self, reporter: Reporter, clock: RunClock) -> bool:
-        """The last evaluation: if it fails, the training before it is committed already."""
+    def _guarded_evaluation(self, reporter: Reporter, clock: RunClock) -> bool:
+        """An evaluation whose failure loses no training: one every rank agreed on commits
+        this step first (`EvaluationError.committed`); the last evaluation follows the
+        run's last checkpoint already."""
         try:
             return self._run_evaluation(reporter, clock)
+        except EvaluationError as err:
+            raise err.committed(self.state.step, self._commit(reporter, clock)) from err
         except Exception as err:
             try:
                 saved = self.checkpoints.wait()
@@ -255,6 +261,17 @@ class Trainer:
                              "the same command again: it evaluates without training again")
             raise
 
+    def _commit(self, reporter: Reporter, clock: RunClock) -> str | None:
+        """Commit the state at this step (every rank); its path, or None if that failed."""
+        try:
+            if self.checkpoints.last_step != self.state.step:
+                self.save(reporter, clock)
+            saved = self.checkpoints.wait()
+        except checkpoint.CheckpointError as err:
+            log.error("%s", err)
+            return None
+        return str(saved or self.checkpoints.root / f"step_{self.state.step:09d}")
+
     # -------------------------------------------------------------------- run
     def run(self, reporter: Reporter) -> dict[str, Any]:
         """Train to `train.steps`, evaluating and checkpointing on schedule. All ranks."""
@@ -265,7 +282,7 @@ class Trainer:
             world_size=self.layout.dp_size, seed=cfg.run.seed, cursor=progress.cursor,
             batch_at=self.batch_at if self.ramp else None, step=self.state.step,
         )
-        batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
+        batches = train_batches(self.dataset, sampler, cfg.data, rt.device, self.collate)
         if cfg.train.seq_ramp:
             batches = SeqRamp(cfg.train.seq_ramp).apply(batches, lambda: self.state.step)
         clock, window = RunClock(progress.elapsed_s), WindowClock()
@@ -287,7 +304,7 @@ class Trainer:
             self._on_schedule(self.state.step == cfg.train.steps, reporter, clock)
             window.resume()
         if not self.last_eval:
-            self._final_evaluation(reporter, clock)
+            self._guarded_evaluation(reporter, clock)
         self.checkpoints.wait()
         progress.elapsed_s = clock.elapsed()
         return self.summary()
@@ -362,8 +379,7 @@ class Trainer:
             self.heartbeat.at(step, "checkpoint")
             self.save(reporter, clock)
         if evaluate_now:
-            reached = self._final_evaluation(reporter, clock) if last else (
-                self._run_evaluation(reporter, clock))
+            reached = self._guarded_evaluation(reporter, clock)
             if reached and save_now and last:
                 self.save(reporter, clock)  # the checkpoint must know the target is met
             if reached and cfg.train.stop_at_target and not last:

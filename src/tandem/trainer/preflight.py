@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -72,7 +72,8 @@ def check_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     return optimizer
 
 
-def first_batch(dataset: Dataset, indices: list[int]) -> Any:
+def first_batch(dataset: Dataset, indices: list[int],
+                collate: Callable[[list[Any]], Any] = default_collate) -> Any:
     """The samples at `indices`, collated as the DataLoader would."""
     samples = []
     for i in indices:
@@ -81,11 +82,15 @@ def first_batch(dataset: Dataset, indices: list[int]) -> Any:
         except Exception as err:
             raise ValueError(f"Task.train_data: reading sample {i} raised "
                              f"{type(err).__name__}: {err}") from err
+    if collate is not default_collate:
+        return _call("the collate (Task.collate or the dataset's collate_fn)",
+                     lambda: collate(samples))
     try:
         return default_collate(samples)
     except (TypeError, RuntimeError) as err:
         raise ValueError(f"Task.train_data: samples cannot be batched together ({err}); "
-                         "return tensors (or tuples/dicts of tensors) of equal shapes") from err
+                         "return tensors (or tuples/dicts of tensors) of equal shapes, or "
+                         "give Task.collate (e.g. to pad sequences)") from err
 
 
 def _call(what: str, fn: Any) -> Any:
