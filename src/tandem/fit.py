@@ -17,7 +17,6 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-from tandem.analyze.scaling import scaling_figures
 from tandem.config import USAGE, Config, load, parse_args, reference, validate
 from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
@@ -259,6 +258,9 @@ def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResul
 def _scaling(config: Config, run_id: str, summary: dict[str, Any],
              world_size: int) -> dict[str, Any]:
     """Scaling efficiency against a one-process run of the same work, when the store has one."""
+    # Imported here: the analysis stack is for the run's end, not its start-up.
+    from tandem.analyze.scaling import scaling_figures
+
     try:
         return scaling_figures(store_path(config), run_id, summary.get("samples_per_s", 0.0),
                                world_size)
