@@ -22,6 +22,7 @@ from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
 from tandem.monitor.recorder import Recorder, new_run_id, record_failure
 from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
+from tandem.monitor.startup import STARTUP
 from tandem.monitor.store import store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
@@ -81,6 +82,7 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
     printed once and exit status 2. Ctrl-C stops at the next step boundary with a
     checkpoint (exit status 130), SIGTERM likewise (75).
     """
+    STARTUP.begin()
     if config is not None:
         config = validate(config)
         check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
@@ -106,7 +108,8 @@ def _usage_exit(message: str, speak: bool) -> None:
 def _run(task: Task, config: Config, script: bool) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     try:
-        runtime = start(config.plan)
+        with STARTUP.part("runtime"):
+            runtime = start(config.plan)
     except ValueError as err:  # the device or backend asked for is not here: on every rank
         if not script:
             raise UsageError(str(err)) from err
@@ -162,7 +165,8 @@ def _report_usage(err: UsageError, config: Config, name: str, runtime: Runtime,
 def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
     check_same_config(config, runtime)
     run_dir = run_dir_of(config, name)
-    trainer = Trainer(task, config, runtime, run_dir)
+    with STARTUP.part("build"):
+        trainer = Trainer(task, config, runtime, run_dir)
     lease = take_lease(run_dir, runtime)
     try:
         return _train(trainer, config, runtime, name, lease)
@@ -181,7 +185,8 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
 def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
            lease: Lease) -> RunResult:
     run_dir = trainer.run_dir
-    resumed = trainer.resume()
+    with STARTUP.part("resume"):
+        resumed = trainer.resume()
     if resumed.complete and (run_dir / "summary.json").is_file():
         return _already_complete(trainer, runtime, name)
     lease.claim()
@@ -211,6 +216,10 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
                        value=float(runtime.world_size))
         gc.freeze()  # see _frozen_for_the_run
         summary = trainer.run(reporter)
+        if trainer.started_at is not None:
+            summary["startup_s"] = STARTUP.figures(trainer.started_at)
+        if trainer.calibration.parts:
+            summary["calibration_parts_s"] = dict(trainer.calibration.parts)
         if runtime.is_main:
             summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
