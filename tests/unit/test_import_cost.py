@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Packages a training run must not import: DTensor (and FSDP and DCP, which import it)
@@ -59,15 +61,18 @@ def _probe(run_dir: Path | None) -> dict[str, list[str]]:
     code = (f"NAMES = {NEVER_IN_A_RUN!r}\nANALYSIS = {ANALYSIS!r}\nRUN = {run_dir is not None}\n"
             f"RUN_DIR = {str(run_dir)!r}\n" + _PROBE)
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, check=False)
+                          text=True, timeout=200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# A fresh interpreter (and a short run): sized for a 2-core AVX2-only host.
+@pytest.mark.timeout(240)
 def test_import_tandem_and_its_public_names_import_no_heavy_stack() -> None:
     assert _probe(None)["import"] == []
 
 
+@pytest.mark.timeout(240)
 def test_a_plain_run_without_checkpoints_imports_no_dtensor_tuner_or_dashboard(
         tmp_path: Path) -> None:
     found = _probe(tmp_path)

@@ -29,10 +29,11 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.timeout(240)  # a fresh interpreter and two short runs, on a slow host too
 def test_two_runs_in_one_process_split_their_startup(tmp_path: Path) -> None:
     launched = time.time()
     done = subprocess.run([sys.executable, "-c", _TWO_RUNS, str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=200, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     first, second = json.loads(done.stdout.strip().splitlines()[-1])
     for run, since in ((first, launched), (second, second["called"])):
