@@ -2,13 +2,15 @@
 demo's start-up to its first step, each in fresh interpreters, interleaved.
 
     python benchmarks/import_time.py [--rounds 10] [--other /path/to/checkout]
-                                     [--startup-rounds 5] [--steps 5]
+                                     [--startup-rounds 5] [--steps 5] [--clock wall|cpu]
 
 Imports: each round times, in one new interpreter per arm and in an order rotating from
 round to round, `import torch, torch.distributed` (`torch`) and `import tandem;
 tandem.fit` (`tandem`), from the interpreter's start of the statement to its end (the
-interpreter's own start is the same for both and left out). With `--other`, a second
-checkout's `src/` is a third arm (`other`), e.g. the previous commit:
+interpreter's own start is the same for both and left out), in wall-clock seconds or,
+with `--clock cpu`, in the interpreter's CPU seconds, which a host busy with other work
+inflates far less. With `--other`, a second checkout's `src/` is a third arm (`other`),
+e.g. the previous commit:
 
     git worktree add /tmp/prev HEAD~3 && python benchmarks/import_time.py --other /tmp/prev
 
@@ -39,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 STATEMENTS = {"torch": "import torch, torch.distributed",
               "tandem": "import tandem; tandem.fit"}
-_TIMED = ("import time; _t = time.perf_counter(); {stmt}; "
-          "print(time.perf_counter() - _t)")
+_TIMED = ("import time; _t, _c = time.perf_counter(), time.process_time(); {stmt}; "
+          "print(time.perf_counter() - _t, time.process_time() - _c)")
 
 
 def env_for(src: Path | None) -> dict[str, str]:
@@ -52,12 +54,14 @@ def env_for(src: Path | None) -> dict[str, str]:
     return env
 
 
-def time_import(stmt: str, src: Path | None) -> float:
-    """Seconds `stmt` takes in a new interpreter."""
+def time_import(stmt: str, src: Path | None, clock: str) -> float:
+    """Seconds `stmt` takes in a new interpreter: wall-clock, or the process's CPU time
+    (`clock` "cpu": what a busy shared host inflates least)."""
     done = subprocess.run([sys.executable, "-c", _TIMED.format(stmt=stmt)], env=env_for(src),
                           capture_output=True, text=True, timeout=300, check=True,
                           cwd=tempfile.gettempdir())  # not ROOT: no stray `tandem` on the path
-    return float(done.stdout.strip().splitlines()[-1])
+    wall, cpu = done.stdout.strip().splitlines()[-1].split()
+    return float(cpu if clock == "cpu" else wall)
 
 
 def time_to_first_step(checkout: Path, steps: int) -> float:
@@ -125,6 +129,9 @@ def main() -> None:
                         help="a second checkout (its src/ and examples/) to compare with")
     parser.add_argument("--startup-rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="what the import rounds time: wall-clock seconds, or the "
+                             "interpreter's CPU seconds (steadier on a loaded host)")
     args = parser.parse_args()
     if args.rounds < 1 or args.startup_rounds < 0:
         raise SystemExit(f"--rounds {args.rounds} must be >= 1 and --startup-rounds "
@@ -135,10 +142,10 @@ def main() -> None:
     if args.other is not None:
         arms["other"] = ("tandem", args.other / "src")
         pairs += [("other", "torch"), ("tandem", "other")]
-    print(f"imports, {args.rounds} rounds ({os.cpu_count()} CPUs, load "
+    print(f"imports ({args.clock} time), {args.rounds} rounds ({os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.2f}):")
     got = interleaved(arms, args.rounds,
-                      lambda arm: time_import(STATEMENTS[arm[0]], arm[1]))
+                      lambda arm: time_import(STATEMENTS[arm[0]], arm[1], args.clock))
     compare(got, pairs)
     if args.other is None or args.startup_rounds == 0:
         return
