@@ -17,7 +17,7 @@ e.g. the previous commit:
 Start-up (with `--startup-rounds N`, N > 0): the demo (`examples/mnist1d_cnn.py`, one
 process, `--steps` steps, no evaluation, no checkpoint) from the command's start to its
 first step (`train_started_at` in the run's summary), this checkout against `--other`'s,
-interleaved likewise.
+interleaved likewise; with `--clock cpu`, the command's CPU seconds from start to end.
 
 Prints every measurement, then per arm the median, and per compared pair the median of
 the per-round differences with a distribution-free 95% interval (order statistics of the
@@ -30,6 +30,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -64,8 +65,10 @@ def time_import(stmt: str, src: Path | None, clock: str) -> float:
     return float(cpu if clock == "cpu" else wall)
 
 
-def time_to_first_step(checkout: Path, steps: int) -> float:
-    """Seconds from the demo's command to its first step, in `checkout`."""
+def time_to_first_step(checkout: Path, steps: int, clock: str) -> float:
+    """Seconds from the demo's command to its first step, in `checkout`; with `clock`
+    "cpu", the command's CPU seconds instead, start to end (its few steps and its exit
+    are the same work in both checkouts)."""
     with tempfile.TemporaryDirectory() as work:
         flags = ["--train.steps", str(steps), "--train.eval_every", "0", "--train.target", "",
                  "--checkpoint.every", "0", "--checkpoint.at_end", "false",
@@ -73,10 +76,14 @@ def time_to_first_step(checkout: Path, steps: int) -> float:
                  "--run.dir", work, "--run.name", "startup",
                  "--monitor.store", str(Path(work) / "tandem.db")]
         began = time.time()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run([sys.executable, str(checkout / "examples" / "mnist1d_cnn.py"), *flags],
                        env=env_for(checkout / "src"), capture_output=True, text=True,
                        timeout=600, check=True, cwd=checkout)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         summary = json.loads((Path(work) / "startup" / "summary.json").read_text())
+    if clock == "cpu":
+        return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return summary["train_started_at"] - began
 
 
@@ -149,10 +156,12 @@ def main() -> None:
     compare(got, pairs)
     if args.other is None or args.startup_rounds == 0:
         return
-    print(f"\nstart-up to the first step, mnist1d_cnn, one process, {args.startup_rounds} "
+    what = ("to the first step" if args.clock == "wall"
+            else f"CPU time of the whole command ({args.steps} steps)")
+    print(f"\nstart-up {what}, mnist1d_cnn, one process, {args.startup_rounds} "
           f"rounds (load {os.getloadavg()[0]:.2f}):")
     starts = interleaved({"tandem": ROOT, "other": args.other}, args.startup_rounds,
-                         lambda checkout: time_to_first_step(checkout, args.steps))
+                         lambda checkout: time_to_first_step(checkout, args.steps, args.clock))
     compare(starts, [("tandem", "other")])
 
 
