@@ -83,7 +83,7 @@ class Calibration:
         self.started = time.perf_counter()
         self.grad_bytes = sum(q.numel() * q.element_size() for q in parts.params)
         self.seconds = 0.0  # what every measurement so far added to the run's wall time
-        self.parts: dict[str, float] = {}  # this rank's seconds per part of the first one
+        self.parts: dict[str, float] = {}  # this rank's seconds per part (`calibrate`)
         # The link measured is the one the gradients take.
         host = parts.strategy.shared_memory()
         self.all_reduce = host.all_reduce if host is not None else dist.all_reduce
