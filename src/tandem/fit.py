@@ -17,12 +17,12 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
-from tandem.analyze.scaling import scaling_figures
 from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
 from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
+from tandem.monitor.startup import STARTUP
 from tandem.monitor.store import RunStore, store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.status import ExitStatus, RunStatus
@@ -89,6 +89,7 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
     printed once and exit status 2. Ctrl-C stops at the next step boundary with a
     checkpoint (exit status 130), SIGTERM likewise (75).
     """
+    STARTUP.begin()
     if config is not None:
         config = validate(config)
         check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
@@ -136,7 +137,8 @@ def _start_and_fit(task: Task, config: Config, script: bool,
                    startup: StartupInterrupt) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     try:
-        runtime = start(config.plan)
+        with STARTUP.part("runtime"):
+            runtime = start(config.plan)
     except ValueError as err:  # the device or backend asked for is not here: on every rank
         if not script:
             raise UsageError(str(err)) from err
@@ -197,7 +199,8 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str,
          startup: StartupInterrupt) -> RunResult:
     check_same_config(config, runtime)
     run_dir = run_dir_of(config, name)
-    trainer = Trainer(task, config, runtime, run_dir)
+    with STARTUP.part("build"):
+        trainer = Trainer(task, config, runtime, run_dir)
     startup.close()  # the trainer's PreemptionFlag has taken Ctrl-C over
     lease = take_lease(run_dir, runtime)
     try:
@@ -217,7 +220,8 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str,
 def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
            lease: Lease) -> RunResult:
     run_dir = trainer.run_dir
-    resumed = trainer.resume()
+    with STARTUP.part("resume"):
+        resumed = trainer.resume()
     if resumed.complete and (run_dir / "summary.json").is_file():
         return _already_complete(trainer, runtime, name)
     lease.claim()
@@ -248,6 +252,10 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
                        value=float(runtime.world_size))
         gc.freeze()  # see _frozen_for_the_run
         summary = trainer.run(reporter)
+        if trainer.started_at is not None:
+            summary["startup_parts_s"] = STARTUP.figures(trainer.started_at)
+        if trainer.calibration.parts:
+            summary["calibration_parts_s"] = dict(trainer.calibration.parts)
         if runtime.is_main:
             summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -307,6 +315,9 @@ def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResul
 def _scaling(config: Config, run_id: str, summary: dict[str, Any],
              world_size: int) -> dict[str, Any]:
     """Scaling efficiency against a comparable one-process run, or why there is none."""
+    # Imported here: the analysis stack is for the run's end, not its start-up.
+    from tandem.analyze.scaling import scaling_figures
+
     try:
         return scaling_figures(store_path(config), run_id, summary.get("samples_per_s", 0.0),
                                world_size, int(summary.get("steps", 0)))

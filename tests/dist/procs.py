@@ -61,16 +61,19 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 9
     port = free_port()
     procs = [ctx.Process(target=_child, args=(fn, r, world, port, args, errors))
              for r in range(world)]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + timeout
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    try:
+        for proc in procs:
+            proc.start()
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    finally:
+        # Also when the test's own timeout interrupts the wait: no rank outlives the call.
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
     if hung:
         raise TimeoutError(f"ranks {hung} did not finish within {timeout} s")
     failed = [r for r, p in enumerate(procs) if p.exitcode != 0]

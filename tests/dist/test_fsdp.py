@@ -72,12 +72,17 @@ def _train(model: nn.Module, optimizer: str, accum: int, rank: int, world: int) 
         opt.zero_grad()
 
 
+def _local_param_bytes(model: torch.nn.Module) -> int:
+    """Bytes of parameters this rank stores (its shards, not the gathered tensors)."""
+    return sum(p.to_local().numel() * p.element_size() for p in model.parameters())
+
+
 def _case(rank: int, world: int, optimizer: str, accum: int) -> dict:
     torch.manual_seed(derive_seed("build", SEED))
     model = toy_task.make_model()
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     model = fsdp.shard(model, reshard_after_forward=True, param_dtype=None, reduce_dtype=None)
-    local = fsdp.local_param_bytes(model)
+    local = _local_param_bytes(model)
     _train(model, optimizer, accum, rank, world)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     total = torch.tensor([local])

@@ -26,7 +26,7 @@ def _tandem(cwd: Path, *args: str, timeout: float) -> subprocess.CompletedProces
     return proc
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(470)  # its three commands' own timeouts, and a margin
 def test_validate_runs_the_control_and_the_report_shows_it(tmp_path: Path) -> None:
     """An input-bound job (3 ms a sample, 32 samples a step, no loader workers): the
     finding predicts the step's gain without loading; its control (samples served from

@@ -36,7 +36,7 @@ def _trained(out: Path, tag: str, world: int, steps: int) -> list[int]:
             for i in seen[r][step * share:(step + 1) * share]]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(270)  # its four runs' own timeouts, and a margin
 def test_in_memory_batches_hold_the_dataloaders_samples(tmp_path: Path) -> None:
     run_ranks(_seen, 1, str(tmp_path), 11, "loader", False, timeout=60)
     loader = _trained(tmp_path, "loader", 1, 11)

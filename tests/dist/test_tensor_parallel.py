@@ -99,7 +99,7 @@ def _assert_matches(got: dict, steps: int) -> None:
     assert got["summary"]["eval_loss"] == pytest.approx(eval_loss, rel=1e-4)
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(230)  # its two runs' own timeouts, and a margin
 def test_2x2_data_by_tensor_parallel_matches_one_process(tmp_path: Path) -> None:
     # Accumulation too: 8 samples / 2 data-parallel ranks = 4, in micro-batches of 2.
     run_ranks(_fit, 4, str(tmp_path), 2, 6, 2, timeout=140)

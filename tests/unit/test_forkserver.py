@@ -136,7 +136,7 @@ def test_a_warm_worker_sees_what_a_cold_one_sees(tmp_path: Path,
     assert cold_reports[0]["public"] == ["type", "type", "type", "type", "function"]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(270)  # its two commands' own timeouts, and a margin
 @pytest.mark.parametrize("mode", ["ok", "exit3", "exitmsg", "raise", "interrupt", "sigterm"])
 def test_a_warm_worker_ends_as_a_cold_one_does(tmp_path: Path, server: tuple[str, int],
                                                mode: str) -> None:

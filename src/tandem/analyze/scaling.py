@@ -114,25 +114,3 @@ def scaling_figures(store_path: Path, run_id: str, samples_per_s: float,
     return {"scaling_note": f"no scaling figure: no comparable one-process run; "
                             f"{reasons[0]}{more}"}
 
-
-def predicted_scaling(store_path: Path, run_id: str,
-                      sizes: tuple[int, ...] = (1, 2, 4)) -> dict[str, Any]:
-    """{"scaling_predicted": {N: {samples_per_s, low, high, step_s, breakdown}}} for the
-    sizes the run's global batch allows, predicted from this run alone
-    (`tandem.analyze.scaling_model`); {} when its plan is not one the model describes."""
-    from tandem.analyze.scaling_inputs import run_figures
-    from tandem.analyze.scaling_model import predict
-
-    try:
-        fig = run_figures(store_path, run_id)
-        usable = [n for n in sizes if fig.global_batch % n == 0
-                  and (not fig.micro_batch_setting
-                       or (fig.global_batch // n) % fig.micro_batch_setting == 0)]
-        predictions = predict(fig, usable)
-    except ValueError as err:
-        log.info("no scaling prediction for run %s: %s", run_id, err)
-        return {}
-    return {"scaling_predicted": {
-        str(n): {"samples_per_s": p.samples_per_s, "low": p.low, "high": p.high,
-                 "step_s": p.step_s, "breakdown": p.breakdown}
-        for n, p in predictions.items()}}

@@ -92,11 +92,6 @@ def expected_order(i: int, n: int) -> float:
     return total * width
 
 
-def expected_max(n: int) -> float:
-    """E[max] of n independent standard normals (0 for n = 1)."""
-    return expected_order(n, n) if n > 1 else 0.0
-
-
 def cpu_share(n: int, cores: int, background: float) -> float:
     """The share of a core each of n CPU-bound ranks gets beside `background` threads."""
     return min(1.0, cores / (n + max(0.0, background)))

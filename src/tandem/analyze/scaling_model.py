@@ -466,12 +466,6 @@ def predict(fig: RunFigures, world_sizes: Iterable[int],
     return {n: predict_one(fig, n, background) for n in sorted(set(world_sizes))}
 
 
-def throughput_points(predictions: dict[int, Prediction]) -> list[tuple[int, float]]:
-    """(processes, samples/s) pairs, as `sched.throughput.ThroughputModel.from_throughput`
-    takes them."""
-    return [(n, p.samples_per_s) for n, p in sorted(predictions.items())]
-
-
 if __name__ == "__main__":
     from tandem.analyze.scaling_cli import main
 

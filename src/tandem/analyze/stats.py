@@ -30,17 +30,6 @@ def median(values: Sequence[float]) -> float:
     return (ordered[mid - 1] + ordered[mid]) / 2
 
 
-def percentile(values: Sequence[float], p: float) -> float:
-    """The p-th percentile (0..100), linear interpolation between ranks (numpy's default)."""
-    if not 0.0 <= p <= 100.0:
-        raise ValueError(f"percentile p must be within 0..100; got {p}")
-    ordered = _nonempty(values, "percentile")
-    pos = (len(ordered) - 1) * p / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def mean(values: Sequence[float]) -> float:
     """The arithmetic mean."""
     ordered = _nonempty(values, "mean")

@@ -6,12 +6,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-
 from tandem.checkpoint import _dist, layout, manifest
 from tandem.checkpoint.errors import CheckpointError
-from tandem.checkpoint.safe_read import SafeLoadPlanner, SafeReader
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +95,13 @@ def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     weights). Raise ValueError naming missing, unexpected and shape-mismatched keys
     when the checkpoint does not fit ``state``, CheckpointError when it is unusable.
     """
+    # Imported here: DCP imports DTensor, a large part of start-up, which a run
+    # that never saves or loads a checkpoint should not pay.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from tandem.checkpoint.safe_read import SafeLoadPlanner, SafeReader
+
     path = Path(path)
     # Sizes only: latest() already hashed it, and hashing again doubles resume time;
     # but the metadata, the one file that is unpickled, is hashed right before reading.

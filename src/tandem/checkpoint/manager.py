@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
 from tandem.checkpoint import _dist, codec, layout, manifest
 from tandem.checkpoint.errors import CheckpointError
@@ -118,6 +117,9 @@ class CheckpointManager:
 
     def _stage(self, tensors: dict[str, Any], shapes: dict[str, list[int]]) -> dict[str, Any]:
         """Host copies of `tensors`, in buffers reused while the shapes stay the same."""
+        # Imported here: it imports DTensor, a large part of start-up (see `load.load`).
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
         cuda = self.device.type == "cuda"
         if self._staging is None or self._staged_shapes != shapes:
             self._staging = _create_cpu_state_dict(tensors, pin_memory=cuda)

@@ -25,8 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from tandem.checkpoint import _dist, layout, manifest
 from tandem.checkpoint.errors import CheckpointError
@@ -98,6 +96,11 @@ def write_shards(tmp: Path, state: dict[str, Any],
 
     Must be called on all ranks of ``group`` (the default group when None).
     """
+    # Imported here: DCP imports DTensor, a large part of start-up, which a run
+    # that never saves or loads a checkpoint should not pay.
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         with _dist.single_process_quiet():
             dcp.save(state, checkpoint_id=tmp, process_group=group,

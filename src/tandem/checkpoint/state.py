@@ -1,19 +1,23 @@
-"""Capture and restore model + optimizer state in the form DCP saves and reshards."""
+"""Capture and restore model + optimizer state in the form DCP saves and reshards.
+
+DCP's `state_dict` helpers are imported on first use, not with this module: they import
+DTensor, a large part of start-up, which a run that never takes a state should not pay.
+"""
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-    set_state_dict,
-)
 from torch.optim import Optimizer
+
+
+def _dcp_state() -> ModuleType:
+    """DCP's `torch.distributed.checkpoint.state_dict` module, imported on first use."""
+    import torch.distributed.checkpoint.state_dict as dcp_state
+
+    return dcp_state
 
 
 def capture(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
@@ -24,7 +28,7 @@ def capture(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
     fresh optimizer this creates its state with a zero-gradient, zero-lr step, so call
     it before the first backward when capturing a target to load into.
     """
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = _dcp_state().get_state_dict(model, optimizer)
     return {"model": model_state, "optim": optim_state}
 
 
@@ -33,7 +37,7 @@ def restore(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> No
     for key in ("model", "optim"):
         if key not in state:
             raise ValueError(f"state must have a {key!r} entry, got keys {sorted(state)}")
-    set_state_dict(
+    _dcp_state().set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )
 
@@ -47,11 +51,11 @@ class ModelWeights:
 
     def state_dict(self) -> dict[str, Any]:
         """The weights; DTensor shards stay shards (DCP reshards them)."""
-        return get_model_state_dict(self.model)
+        return _dcp_state().get_model_state_dict(self.model)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Copy loaded weights in."""
-        set_model_state_dict(self.model, state)
+        _dcp_state().set_model_state_dict(self.model, state)
 
 
 class OptimizerState:
@@ -63,8 +67,8 @@ class OptimizerState:
     def state_dict(self) -> dict[str, Any]:
         """Moments and step counts by parameter name, and the param groups. On a fresh
         optimizer this creates its state with a zero-gradient, zero-lr step."""
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        return _dcp_state().get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Copy loaded optimizer state in."""
-        set_optimizer_state_dict(self.model, self.optimizer, state)
+        _dcp_state().set_optimizer_state_dict(self.model, self.optimizer, state)

@@ -88,14 +88,6 @@ class Reader:
         finally:
             conn.execute("COMMIT")
 
-    def has_schema(self) -> bool:
-        """Whether the file exists and holds the run store's tables."""
-        try:
-            with self.snapshot() as conn:
-                return schema_version(conn) is not None
-        except StoreUnavailable:
-            return False
-
     def close(self) -> None:
         """Close every connection this reader opened."""
         with self._lock:

@@ -98,15 +98,20 @@ def link_cost(nbytes: int, device: torch.device, repeats: int = REPEATS,
 def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
               grad_bytes: int, precision: str, communicates: bool,
               signature: str | None = None,
-              all_reduce: AllReduce = dist.all_reduce) -> dict[str, float]:
+              all_reduce: AllReduce = dist.all_reduce,
+              spent: dict[str, float] | None = None) -> dict[str, float]:
     """Every once-per-run figure, as metric name -> value. All ranks.
 
     `communicates`: gradients or weights cross the group (the link's cost is measured).
     `signature`: what the step's FLOP count depends on (`flops.step_signature`), to read
     a count kept from an earlier run of the same step instead of counting again.
     `all_reduce`: the path the gradients take, whose cost is measured.
+    `spent`: filled with this rank's seconds per part ("flops": reading or counting the
+    FLOPs, "peak": the device's peak, "link": the link's cost), for the run's summary.
     """
     figures: dict[str, float] = {}
+    spent = {} if spent is None else spent
+    started = time.perf_counter()
     flops = kept_flops(signature)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         # Every rank counts, or none: the counting pass can hold collectives (FSDP's
@@ -118,11 +123,16 @@ def calibrate(run: Pass, *, device: torch.device, world_size: int, accum: int,
     if flops is None:
         flops = count_flops(lambda: run(False))
         keep_flops(signature, flops)
+    spent["flops"] = time.perf_counter() - started
+    started = time.perf_counter()
     peak, source = peak_flops(device, precision)
+    spent["peak"] = time.perf_counter() - started
     figures[FLOPS_PER_RANK_STEP] = float(flops * accum)
     if peak > 0:
         figures[FLOPS_PEAK] = peak
         figures[FLOPS_PEAK_MEASURED] = 1.0 if source.startswith("measured") else 0.0
     if world_size > 1 and communicates:
+        started = time.perf_counter()
         figures.update(link_cost(grad_bytes, device, all_reduce=all_reduce))
+        spent["link"] = time.perf_counter() - started
     return figures

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from dataclasses import dataclass, field
 
 import psutil
 import torch
-from torch.distributed.tensor import DTensor
 
 from tandem.monitor import commsplit
 from tandem.monitor.catalogue import (
@@ -65,7 +65,10 @@ class Window:
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The part of `tensor` this rank holds (a DTensor's local shard)."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    # Looked up, not imported: importing DTensor is a large part of start-up, and
+    # a tensor can only be a DTensor once a plan that shards (FSDP, TP) has imported it.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return tensor.to_local() if dtensor and isinstance(tensor, dtensor.DTensor) else tensor
 
 
 class LiveMonitor:

@@ -108,7 +108,9 @@ def process_times(first_step_at: float | None) -> dict[str, float]:
     """This process's time so far from its start ("end_to_end_s": start-up, data loading,
     training and evaluation) and before its first step ("startup_s"), so that a figure of
     training time alone is never the only one a user compares."""
-    born = psutil.Process().create_time()
+    from tandem.monitor.startup import process_started_at
+
+    born = process_started_at()
     out = {"end_to_end_s": time.time() - born}
     if first_step_at is not None:
         out["startup_s"] = first_step_at - born

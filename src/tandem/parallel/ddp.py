@@ -29,7 +29,6 @@ class DDPStrategy(Strategy):
     info: ClassVar[StrategyInfo] = DDP
     name: ClassVar[str] = DDP.name
     identical_replicas: ClassVar[bool] = True
-    syncs_each_backward: ClassVar[bool] = True
 
     stats: hooks.CommStats | None = None  # bytes the comm hook sent
     host: SharedMemoryGroup | None = None  # the shared-memory all-reduce, where it is used

@@ -19,11 +19,11 @@ small, and a constructor may compute them, a causal mask for instance).
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tandem.runtime import derive_seed, seed_all
 
@@ -105,9 +105,12 @@ def _initialise(module: nn.Module, own: dict[str, nn.Parameter], seed: int,
         reset()
     finally:
         module._parameters.update(own)
+    # Looked up, not imported (a large part of start-up): a parameter can only be a DTensor
+    # once the strategy that sharded it has imported the module.
+    dtensor = sys.modules.get("torch.distributed.tensor")
     for n, param in own.items():
-        if isinstance(param, DTensor):
-            shard = distribute_tensor(full[n].detach(), param.device_mesh, param.placements,
+        if dtensor is not None and isinstance(param, dtensor.DTensor):
+            shard = dtensor.distribute_tensor(full[n].detach(), param.device_mesh, param.placements,
                                       src_data_rank=None)
             param.to_local().copy_(shard.to_local())
         else:

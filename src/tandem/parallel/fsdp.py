@@ -1,4 +1,8 @@
-"""Fully sharded data parallelism with FSDP2 (`fully_shard`): blocks first, then the root."""
+"""Fully sharded data parallelism with FSDP2 (`fully_shard`): blocks first, then the root.
+
+FSDP2 is imported by the functions that use it, not with this module: it imports DTensor,
+a large part of start-up, which every plan would pay otherwise.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,7 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.blocks import find_blocks
@@ -36,6 +38,8 @@ def shard(model: nn.Module, *, reshard_after_forward: bool,
     `mesh` defaults to all ranks on that device type. Gradients are averaged over the
     ranks, as DDP does. Must be called on all processes, after the process group exists.
     """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     kwargs: dict = {"reshard_after_forward": reshard_after_forward, "mesh": mesh}
     if param_dtype is not None or reduce_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype,
@@ -51,11 +55,6 @@ def shard(model: nn.Module, *, reshard_after_forward: bool,
     return model
 
 
-def is_sharded(model: nn.Module) -> bool:
-    """True for a module that `shard` (or `fully_shard`) wrapped."""
-    return isinstance(model, FSDPModule)
-
-
 @contextlib.contextmanager
 def no_sync(model: nn.Module) -> Iterator[None]:
     """Skip the gradient reduce-scatter inside the context (accumulation micro-batches).
@@ -65,6 +64,8 @@ def no_sync(model: nn.Module) -> Iterator[None]:
     DDP's no_sync, they are held inside FSDP, not in `p.grad`: `zero_grad` does not drop
     them, only the next synchronised backward consumes them.
     """
+    from torch.distributed.fsdp import FSDPModule
+
     if not isinstance(model, FSDPModule):
         raise ValueError(f"fsdp.no_sync: {type(model).__name__} is not an FSDP2 module")
     model.set_requires_gradient_sync(False)
@@ -81,18 +82,11 @@ def gather(model: nn.Module, into: nn.Module) -> nn.Module:
     is destroyed (a sharded module does not: its DTensors need the group). Must be called
     on all processes while the group exists: it all-gathers every parameter.
     """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     into.load_state_dict(state)
     return into
-
-
-def local_param_bytes(model: nn.Module) -> int:
-    """Bytes of parameters this rank stores (its shards, not the gathered tensors)."""
-    total = 0
-    for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
-        total += local.numel() * local.element_size()
-    return total
 
 
 def bytes_per_step(model: nn.Module, world: int, accum: int, reshard_after_forward: bool,
@@ -122,7 +116,6 @@ class FSDPStrategy(Strategy):
     info: ClassVar[StrategyInfo] = FSDP
     name: ClassVar[str] = FSDP.name
     shards_weights: ClassVar[bool] = True
-    syncs_each_backward: ClassVar[bool] = True
     wraps_meta: ClassVar[bool] = True
     times_comm: ClassVar[bool] = False  # FSDP2's collectives run inside its own hooks
 
@@ -149,6 +142,8 @@ class FSDPStrategy(Strategy):
     def weights_replaced(self) -> None:
         """Free every unit's gathered parameters: the root keeps its own after a forward
         (and every unit does without resharding), and the next forward would use those."""
+        from torch.distributed.fsdp import FSDPModule
+
         assert self.model is not None, "wrap() first"
         for module in self.model.modules():
             if isinstance(module, FSDPModule):

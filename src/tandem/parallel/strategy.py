@@ -40,7 +40,6 @@ class Strategy:
 
     name: ClassVar[str] = "single"
     shards_weights: ClassVar[bool] = False  # each rank holds only a part of the weights
-    syncs_each_backward: ClassVar[bool] = False  # gradients all-reduced inside backward
     # Deferred init: whether `_wrap` needs real values (DDP broadcasts them) or can take
     # meta parameters and have them materialised afterwards, shard by shard (FSDP, TP).
     wraps_meta: ClassVar[bool] = False
@@ -174,11 +173,6 @@ class Strategy:
     def describe(self) -> dict[str, Any]:
         """Plan entries for the run record."""
         return {"strategy": self.name}
-
-
-def param_bytes(model: nn.Module) -> int:
-    """Bytes of the trainable parameters (global sizes)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def fresh_copy(build: Build, model: nn.Module, device: torch.device) -> nn.Module:

@@ -14,6 +14,9 @@ so the traffic per rank is 1/tp of a data-parallel replica's. That all-reduce is
 `comm/bytes_per_step` counts; the activation all-reduces inside the tensor-parallel
 group (two per split block in forward, two in backward) are not counted. The gradient
 all-reduce runs after backward, not overlapped with it.
+
+DTensor is imported by the functions that use it, not with this module: its import is a
+large part of start-up, which plans without tensor parallelism should not pay.
 """
 
 from __future__ import annotations
@@ -27,13 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.experimental import implicit_replication
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    RowwiseParallel,
-    parallelize_module,
-)
 
 from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
 from tandem.parallel.fsdp import gather
@@ -41,7 +37,7 @@ from tandem.parallel.mesh import Layout, layout  # noqa: F401 - re-exported
 from tandem.parallel.registry import TP, StrategyInfo
 from tandem.parallel.strategy import Build, Strategy
 
-STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+STYLES = ("colwise", "rowwise")  # ColwiseParallel, RowwiseParallel
 
 
 def parallelize(model: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh) -> nn.Module:
@@ -50,6 +46,12 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh) -> 
     Every pattern must match at least one nn.Linear (fnmatch on the module path, e.g.
     "blocks.*.attn.q"), and the split dimension must divide by the mesh size.
     """
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
     size = mesh.size()
     styles = {}
     for pattern, style in plan.items():
@@ -70,17 +72,21 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh) -> 
                 raise ValueError(f"Task.tensor_parallel: {name} has {dim} "
                                  f"{'output' if style == 'colwise' else 'input'} features, "
                                  f"which plan.tp={size} does not divide")
-            styles[name] = STYLES[style]()
+            styles[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
     return parallelize_module(model, mesh, styles)
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The part of `tensor` this rank holds."""
+    from torch.distributed.tensor import DTensor
+
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def mixed_ops() -> contextlib.AbstractContextManager[None]:
     """Let ops mix DTensor and plain (replicated) parameters: the optimizer, the clipping."""
+    from torch.distributed.tensor.experimental import implicit_replication
+
     return implicit_replication()
 
 

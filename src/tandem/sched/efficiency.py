@@ -53,6 +53,3 @@ class EfficiencyModel:
             return 1.0
         return (self.noise_scale + self.base_batch) / (self.noise_scale + batch)
 
-    def step_gain(self, batch: float) -> float:
-        """Base-batch steps of progress made by one step at `batch`."""
-        return batch / self.base_batch * self.efficiency(batch)

@@ -91,25 +91,6 @@ class ThroughputModel:
         params = dict(zip(columns, solution, strict=True))
         return cls(**_expand(params, samples))
 
-    @classmethod
-    def from_throughput(cls, points: Sequence[tuple[int, float]], global_batch: int,
-                        slots_per_node: int) -> ThroughputModel:
-        """Fit from (processes, samples/s) pairs of a job that keeps its global batch.
-
-        This is what a run store holds per logging window: the world size and samples/s.
-        Processes are assumed packed on as few nodes as `slots_per_node` allows.
-        """
-        if global_batch < 1 or slots_per_node < 1:
-            raise ValueError(f"global_batch {global_batch}, slots_per_node {slots_per_node}: "
-                             "both must be >= 1")
-        samples = []
-        for procs, rate in points:
-            if procs < 1 or rate <= 0:
-                raise ValueError(f"points: ({procs}, {rate}) needs procs >= 1, samples/s > 0")
-            nodes = -(-procs // slots_per_node)
-            samples.append(StepSample(nodes, procs, global_batch / procs, global_batch / rate))
-        return cls.fit(samples)
-
 
 def _design(samples: Sequence[StepSample]) -> tuple[list[str], list[list[float]], list[float]]:
     """Rows of the relative-error least-squares problem and the names of its unknowns."""

@@ -83,6 +83,7 @@ class Calibration:
         self.started = time.perf_counter()
         self.grad_bytes = sum(q.numel() * q.element_size() for q in parts.params)
         self.seconds = 0.0  # what every measurement so far added to the run's wall time
+        self.parts: dict[str, float] = {}  # this rank's seconds per part (`calibrate`)
         # The link measured is the one the gradients take.
         host = parts.strategy.shared_memory()
         self.all_reduce = host.all_reduce if host is not None else dist.all_reduce
@@ -118,7 +119,7 @@ class Calibration:
                                     precision=p.config.precision.mode,
                                     communicates=p.layout.dp_size > 1,
                                     signature=signature,
-                                    all_reduce=self.all_reduce)
+                                    all_reduce=self.all_reduce, spent=self.parts)
         finally:
             with torch.no_grad():
                 for name, value in model.named_buffers():

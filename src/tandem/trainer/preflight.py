@@ -20,6 +20,7 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from tandem.errors import PreflightError
+from tandem.monitor.startup import STARTUP
 from tandem.task import Task
 
 
@@ -28,7 +29,8 @@ def agree(problem: str | None) -> None:
     found = [problem]
     if dist.is_initialized() and dist.get_world_size() > 1:
         found = [None] * dist.get_world_size()
-        dist.all_gather_object(found, problem)
+        with STARTUP.part("preflight"):
+            dist.all_gather_object(found, problem)
     failed = [rank for rank, p in enumerate(found) if p]
     if failed:
         raise PreflightError(str(found[failed[0]]), failed)
@@ -115,6 +117,11 @@ def _scalar(value: Any, what: str) -> float:
 def check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None:
     """Forward, loss and every metric on one batch, without gradients: each must give one
     number. Module buffers (normalisation statistics) are put back afterwards."""
+    with STARTUP.part("preflight"):  # priced in the run's start-up split
+        _check_step(task, model, batch, autocast)
+
+
+def _check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None:
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     # A compiled module (plan.compile) would compile a separate no-grad graph for this one
     # call: run its eager forward instead (`nn.Module.compile` keeps it beside).
