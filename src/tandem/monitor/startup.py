@@ -1,9 +1,9 @@
 """Where a process's start-up went, from the process's start to its first step.
 
 Every worker, restart and resize pays its start-up again, so the run's summary says what
-it was made of (`startup_parts_s`; `startup_s` is the process's start to its first step): the interpreter and the imports before `fit` was called
-(only for the process's first run: a second `fit` in the same process starts at its
-call), the process group, building the run (data, model, strategy, optimizer), the
+it was made of (`startup_parts_s`): the interpreter and the imports before `fit` was
+called (only for the process's first run: a second `fit` in the same process starts at
+its call), the process group, building the run (data, model, strategy, optimizer), the
 checks before the first step (`preflight`: the trial step and the ranks' agreement),
 the resume, and what is left (`other`: configuration, the run directory, the store).
 The calibration, which runs a few steps in, is priced apart (`calibration_s`, and its
