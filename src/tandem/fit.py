@@ -265,7 +265,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
         status = RunStatus.INTERRUPTED
         raise
     except Preempted:
-        status = RunStatus.PREEMPTED
+        status = _stopped_status()
         raise
     except BaseException as err:
         refused = isinstance(err, UsageError)
@@ -277,6 +277,14 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
             _write_report(config, trainer.progress.run_id, run_dir)
         if runtime.is_main and refused and fresh and trainer.state.step == 0:
             _forget(config, trainer.progress.run_id)
+
+
+def _stopped_status() -> RunStatus:
+    """A graceful stop's run status: cancelled when it was the scheduler's cancel (the
+    run ends there, though its checkpoint is committed), else preempted."""
+    from tandem.sched.attempt import stop_reason  # only a scheduled run has a reason
+
+    return RunStatus.CANCELLED if stop_reason() == "cancel" else RunStatus.PREEMPTED
 
 
 def _forget(config: Config, run_id: str) -> None:

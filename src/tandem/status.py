@@ -43,6 +43,9 @@ class RunStatus(StrEnum):
     FAILED = "failed"
     PREEMPTED = "preempted"  # stopped gracefully by SIGTERM: resumable
     INTERRUPTED = "interrupted"  # stopped gracefully by Ctrl-C: resumable
+    # stopped gracefully by the scheduler for `tandem cancel`: committed, not resumed by it
+    # (its events still say "preempted": the scheduler's measurements read that kind)
+    CANCELLED = "cancelled"
 
 
 class AttemptOutcome(StrEnum):

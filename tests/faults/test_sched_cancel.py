@@ -1,4 +1,4 @@
-"""What the scheduler says: an adopted attempt in words, a cancelled job's log says
+"""What the scheduler says: an adopted attempt in words, a cancelled job's log and run say
 cancelled (real service, real `tandem run` job, a real `tandem cancel`)."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tandem.monitor.store import RunStore
+from tandem.sched.jobstore import SchedStore
 from tests.faults.sched_env import SchedEnv, state_of, trained
 
 SERVICE = ("--backend", "local", "--slots", "1", "--interval", "2")
@@ -28,6 +30,7 @@ def test_an_adopted_attempt_and_a_cancelled_job_are_told_in_words(tmp_path: Path
         env.wait_for("the job cancelled", lambda s: state_of(job)(s) == "cancelled", 180)
         env.stop_service()
         logs = env.tandem("logs", job)
+        listed = env.tandem("runs", "--status", "cancelled")
     finally:
         env.cleanup()
     adopted = [line for line in env.log().splitlines() if "] adopted " in line]
@@ -40,3 +43,14 @@ def test_an_adopted_attempt_and_a_cancelled_job_are_told_in_words(tmp_path: Path
     assert re.search(r"tandem: cancelled \(tandem cancel\) at step \d+; the checkpoint is "
                      r"committed - it will not be resumed", text), text[-3000:]
     assert "preempt" not in text.lower(), text[-3000:]
+    # The run is stored as cancelled, not preempted; its event keeps the kind the
+    # scheduler's measurements read.
+    with SchedStore(env.store) as sched:
+        run_name = sched.job(job).run_name
+    with RunStore(env.store) as runs:
+        run = runs.run(run_name)
+        kinds = [e["kind"] for e in runs.events(run["run_id"])]
+    assert run["status"] == "cancelled", run["status"]
+    assert "preempted" in kinds, kinds
+    assert listed.returncode == 0, listed.stderr
+    assert "cancelled" in listed.stdout and "preempted" not in listed.stdout, listed.stdout

@@ -29,6 +29,8 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "tandem"
 # The strings run stores written before the enums hold: they must still read.
 STORED_JOB_STATES = ["queued", "running", "stopping", "completed", "failed", "cancelled"]
 STORED_RUN_STATUSES = ["running", "completed", "failed", "preempted", "interrupted"]
+# Added since: a run the scheduler cancelled (older code reads it as any other text).
+NEW_RUN_STATUSES = ["cancelled"]
 
 
 def _job(tmp: Path) -> JobRecord:
@@ -76,14 +78,16 @@ def test_an_attempt_outcome_is_stored_as_its_old_string(tmp_path: Path) -> None:
 
 
 def test_run_statuses_round_trip_through_the_run_store(tmp_path: Path) -> None:
-    assert [s.value for s in RunStatus] == STORED_RUN_STATUSES == list(STATUSES)
+    every = STORED_RUN_STATUSES + NEW_RUN_STATUSES
+    assert [s.value for s in RunStatus] == every == list(STATUSES)
     with RunStore(tmp_path / "runs.db") as store:
-        for status in STORED_RUN_STATUSES[1:]:
+        for status in every[1:]:
             store.start_run(f"r-{status}", status, {}, {}, {})
             assert store.run(f"r-{status}")["status"] == RunStatus.RUNNING
             store.finish_run(f"r-{status}", RunStatus(status), {})
             assert store.run(f"r-{status}")["status"] == status
-        with pytest.raises(ValueError, match="completed, failed, preempted, interrupted"):
+        allowed = "completed, failed, preempted, interrupted, cancelled"
+        with pytest.raises(ValueError, match=allowed):
             store.finish_run("r-failed", RunStatus.RUNNING, {})
 
 

@@ -46,11 +46,19 @@ def has_table(conn: sqlite3.Connection, name: str) -> bool:
                         (name,)).fetchone() is not None
 
 
-def runs(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-    """Every run with its JSON columns decoded, newest first, plus its `rowid`."""
-    cur = conn.execute("SELECT rowid, * FROM runs ORDER BY started DESC, run_id DESC")
+def runs(conn: sqlite3.Connection, kinds: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The runs of `kinds` (user, trial, control; None: every run) with their JSON
+    columns decoded, newest first, plus their `rowid`."""
+    where = "" if kinds is None else f"WHERE kind IN ({','.join('?' * len(kinds))}) "
+    sql = f"SELECT rowid, * FROM runs {where}ORDER BY started DESC, run_id DESC"  # noqa: S608 - ?s
+    cur = conn.execute(sql, list(kinds or ()))
     columns = [d[0] for d in cur.description]
     return [_run(r, columns) for r in cur.fetchall()]
+
+
+def run_kinds(conn: sqlite3.Connection) -> dict[str, int]:
+    """How many runs of each kind the store holds ({"user": 12, "trial": 70, ...})."""
+    return {k: int(n) for k, n in conn.execute("SELECT kind, COUNT(*) FROM runs GROUP BY kind")}
 
 
 def run(conn: sqlite3.Connection, key: str) -> dict[str, Any] | None:

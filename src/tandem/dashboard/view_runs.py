@@ -1,4 +1,5 @@
-"""The Runs page: every run, newest first, with its status and latest figures."""
+"""The Runs page: the user's runs (or the tuner's, or all), newest first, with their
+status and latest figures."""
 
 from __future__ import annotations
 
@@ -11,12 +12,34 @@ from typing import Any
 from tandem.dashboard import queries
 from tandem.dashboard.shape import jsonable
 from tandem.monitor.catalogue import LOSS, TIME_STEP
+from tandem.monitor.store import RUN_KINDS
 from tandem.status import RunStatus
 
 Cursor = dict[str, int]
 # A run still marked running is shown live while it wrote something this recently; a
 # run whose process was killed stays running in the store and is shown as silent.
 LIVE_AFTER_S = 300.0
+# The page's kind filter (`?kind=`): the user's own runs by default; a tune session adds
+# dozens of trial and control runs that would bury them.
+KINDS: dict[str, tuple[str, ...] | None] = {
+    "user": ("user",), "tuner": ("trial", "control"), "all": None,
+    **{k: (k,) for k in RUN_KINDS if k != "user"}}
+DEFAULT_KIND = "user"
+
+
+def kinds_of(args: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The run kinds `?kind=` asks for (None: every kind)."""
+    wanted = args.get("kind") or DEFAULT_KIND
+    if wanted not in KINDS:
+        raise ValueError(f"kind {wanted!r}: must be one of {', '.join(KINDS)}")
+    return KINDS[wanted]
+
+
+def kind_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    """How many runs each choice of the kind filter shows ({"user": 12, "tuner": 77, ...})."""
+    held = queries.run_kinds(conn)
+    return {choice: sum(n for k, n in held.items() if kinds is None or k in kinds)
+            for choice, kinds in KINDS.items()}
 
 
 def _states_sig(conn: sqlite3.Connection) -> int:
@@ -43,18 +66,20 @@ def run_row(conn: sqlite3.Connection, run: Mapping[str, Any], tuned: set[str],
         "host": env.get("host"), "strategy": plan.get("strategy"),
         "steps": summary.get("steps", last["step"] if last else None),
         "loss": loss["value"] if loss else None,
-        "tune": run["run_id"] in tuned, "last_time": activity,
+        "tune": run["run_id"] in tuned, "last_time": activity, "kind": run["kind"],
     })
 
 
 def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
-    """Every run, newest first, and the cursor of what the page has seen."""
+    """The runs of the kind asked for, newest first, how many runs of each kind the
+    store holds, and the cursor of what the page has seen."""
     now = time.time()
     tuned = set(queries.tune_sessions(conn))
-    rows = [run_row(conn, r, tuned, now) for r in queries.runs(conn)]
+    rows = [run_row(conn, r, tuned, now) for r in queries.runs(conn, kinds_of(args))]
     cursor = {"m": queries.max_rowid(conn, "metrics"), "r": queries.max_rowid(conn, "runs"),
               "e": queries.max_rowid(conn, "events"), "s": _states_sig(conn)}
-    return {"runs": rows, "cursor": cursor, "now": now}
+    return {"runs": rows, "kind": args.get("kind") or DEFAULT_KIND,
+            "kind_counts": kind_counts(conn), "cursor": cursor, "now": now}
 
 
 def updates(conn: sqlite3.Connection, args: Mapping[str, str],
@@ -64,7 +89,7 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
            "e": queries.max_rowid(conn, "events"), "s": _states_sig(conn)}
     if top == cursor:
         return None, cursor
-    every = queries.runs(conn)
+    every = queries.runs(conn, kinds_of(args))
     if top["s"] != cursor.get("s"):
         changed = every  # a status changed in place: resend every run's line
     else:
@@ -75,4 +100,5 @@ def updates(conn: sqlite3.Connection, args: Mapping[str, str],
         changed = [r for r in every if r["run_id"] in ids]
     now = time.time()
     tuned = set(queries.tune_sessions(conn))
-    return {"runs": [run_row(conn, r, tuned, now) for r in changed], "now": now}, top
+    return {"runs": [run_row(conn, r, tuned, now) for r in changed], "now": now,
+            "kind_counts": kind_counts(conn)}, top

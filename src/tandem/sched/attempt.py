@@ -62,10 +62,21 @@ def stop_words(stop: dict[str, Any] | None) -> str | None:
     return None
 
 
+def _stop() -> dict[str, Any] | None:
+    return read_json(Path(os.environ[STOP_ENV])) if os.environ.get(STOP_ENV) else None
+
+
+def stop_reason() -> str | None:
+    """In a process the scheduler stopped: its reason (cancel, preempt, resize); None
+    outside the scheduler, or for a SIGTERM that was not its stop."""
+    stop = _stop()
+    return stop["reason"] if stop is not None and stop_words(stop) else None
+
+
 def scheduler_stop() -> tuple[str, str] | None:
     """In a process the scheduler stopped: why, and what follows, in words (None outside
     the scheduler, or for a SIGTERM that was not its stop: then it is a preemption)."""
-    stop = read_json(Path(os.environ[STOP_ENV])) if os.environ.get(STOP_ENV) else None
+    stop = _stop()
     words = stop_words(stop)
     if words is None:
         return None

@@ -30,7 +30,9 @@
   const head = () => document.getElementById("head").replaceChildren(
     T.el("h1", {}, session.name, T.el("span", { class: `badge ${session.status}`, text: session.status }),
       T.el("small", { text: session.run_id })),
-    T.el("div", { class: "muted", text: `started ${T.when(session.started)} · script ${(session.config || {}).script ?? "?"} · ${(session.config || {}).nproc ?? "?"} processes` + (floor !== undefined ? ` · adopt when the lower bound of the speed-up exceeds ${T.fmt(floor)}x` + (Number.isFinite(recordedFloor) && minGain !== undefined ? ` (the noise floor; at least ${T.fmt(1 + minGain)}x)` : "") : "") }));
+    T.el("div", { class: "muted", text: `started ${T.when(session.started)} · script ${(session.config || {}).script ?? "?"} · ${(session.config || {}).nproc ?? "?"} processes` + (floor !== undefined ? ` · adopt when the lower bound of the speed-up exceeds ${T.fmt(floor)}x` + (Number.isFinite(recordedFloor) && minGain !== undefined ? ` (the noise floor; at least ${T.fmt(1 + minGain)}x)` : "") : "") }),
+    // its trial and control runs are named after it, and kept off the Runs page's default
+    T.el("div", {}, T.el("a", { id: "session-runs", href: `/runs?kind=all&q=${encodeURIComponent(session.run_id)}`, text: "this session's runs (its trials and controls)" })));
   const decision = () => {
     const s = session.summary, box = document.getElementById("decision");
     if (!s) { box.replaceChildren(T.el("p", { class: "muted", text: session.status === T.catalogue.runs.RUNNING ? "the session is still running" : "no decision recorded" })); return; }
