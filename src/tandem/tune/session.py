@@ -477,6 +477,15 @@ class Tuner:
         self.incumbent = dict(kept[-1].changes) if kept else {}
 
     def _result(self) -> TuneResult:
+        # The placebo completed to --placebo-pairs where the budget allows: the final
+        # judgement then has all the noise the user asked for.
+        arm = self.bench.placebo
+        while arm is not None and len(arm.pairs) < self.s.placebo_pairs \
+                and self._can_afford(2):
+            before = len(arm.pairs)
+            self._more_placebo()
+            if len(arm.pairs) == before:
+                break
         self._rejudge()
         self.speed = self._speedup()
         return TuneResult(
