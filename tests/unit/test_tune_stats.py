@@ -159,7 +159,9 @@ def test_decision_rules() -> None:
 
 
 def test_look_confidence_splits_the_error_over_the_looks() -> None:
-    assert stats.look_confidence(0.95, 4) == pytest.approx(0.9875)
+    looks = [stats.look_confidence(0.95, 4, k) for k in range(1, 5)]
+    assert looks == pytest.approx([0.975, 1 - 0.025 / 3, 1 - 0.025 / 3, 1 - 0.025 / 3])
+    assert sum(1 - c for c in looks) == pytest.approx(0.05)  # the union bound holds
     assert stats.look_confidence(0.95, 1) == pytest.approx(0.95)
 
 

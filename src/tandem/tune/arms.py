@@ -143,8 +143,8 @@ class Bench:
         nominal = self.interval(arm)
         if nominal is None:
             return "more"
-        look = self.interval(arm, confidence=stats.look_confidence(self.confidence,
-                                                                    max_pairs))
+        look = self.interval(arm, confidence=stats.look_confidence(
+            self.confidence, max_pairs, len(arm.logs())))
         assert look is not None
         return stats.judge(look, self.floor(arm.figure), min_pairs, max_pairs, nominal)
 

@@ -216,13 +216,13 @@ class Tuner:
                                  or "nothing to judge"))
 
     def _placebo(self, a0: RunOutcome) -> None:
-        """The first PLACEBO_FIRST A/A pairs (A0 the first reference with fixed steps); the
-        rest, up to
+        """The first PLACEBO_FIRST A/A pairs (A0 the first reference); the rest, up to
         --placebo-pairs, are interleaved with the candidates' pairs (`_more_placebo`)."""
         arm = self.bench.add(Arm("placebo (A/A)", PLACEBO, {}, {}))
-        # A probe (sized in seconds) ran longer, in other windows, than the sized runs:
-        # it is no fair reference for them.
-        error = self.bench.pair(arm, reference_run=None if not self.s.steps else a0)
+        # A0 stands for the first pair's reference, a probe (sized in seconds) too: the
+        # same plan, so whatever its other length does to its figure only widens the
+        # noise the placebo measures (its pairs count around zero), never a gain.
+        error = self.bench.pair(arm, reference_run=a0)
         while not error and len(arm.pairs) < min(PLACEBO_FIRST, self.s.placebo_pairs):
             error = self.bench.pair(arm)
         self._placebo_id = f"{len(self.records):02d}"
