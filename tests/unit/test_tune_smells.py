@@ -117,3 +117,12 @@ def test_candidates_are_tried_largest_predicted_gain_first() -> None:
              Candidate({"c": 1}, "x", "", predicted=5.0),
              Candidate({"d": 1}, "x", "", predicted=1.5)]
     assert [next(iter(c.changes)) for c in by_predicted_gain(cands)] == ["c", "d", "a", "b"]
+
+
+def test_a_probe_without_a_summary_still_shows_its_accumulation() -> None:
+    """A probe stopped early writes no summary: the batch split comes from its settings."""
+    probe = _job(summary={}, config={"train.micro_batch": 2}, available_bytes=64 * GIB)
+    assert (probe.micro, probe.accum) == (2, 32)
+    smell = smells.small_micro_batch(probe)
+    assert smell is not None and smell.fix == {"train.micro_batch": 64}
+    assert smells.small_micro_batch(_job(summary={})) is None  # micro-batch 0: 64, 1 pass

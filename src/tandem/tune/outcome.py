@@ -36,7 +36,8 @@ class Record:
     label: str
     kind: str  # baseline, placebo, control, candidate, confirm
     status: str  # measured, bound, skipped, stopped-early, not-significant, rejected,
-    #              adopted, revoked (adopted, then undone by the final noise), failed, invalid
+    #              adopted, revoked (adopted, then undone by the final noise), failed, invalid,
+    #              not-reached (the budget or --max-trials ran out before it)
     changes: dict[str, Any]
     figures: dict[str, Any]
     decision: str
