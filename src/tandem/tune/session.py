@@ -212,8 +212,8 @@ class Tuner:
                 "findings": [{"kind": f.kind, "severity": f.severity, "message": f.message,
                               "predicted_speedup": controls.predicted_of(f)}
                              for f in self.findings]},
-                "diagnosis: " + ("; ".join(f"{f.kind} ({f.severity})" for f in self.findings)
-                                 or "nothing to judge"))
+                "diagnosis: " + ("; ".join(f"{f.evidence.get('smell', f.kind)} ({f.severity})"
+                                           for f in self.findings) or "nothing to judge"))
 
     def _placebo(self, a0: RunOutcome) -> None:
         """The first PLACEBO_FIRST A/A pairs (A0 the first reference); the rest, up to
