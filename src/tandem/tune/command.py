@@ -109,5 +109,7 @@ def summary_line(result: TuneResult, runs: int) -> str:
         head = f"chosen: {chosen}{speed}"
     else:
         head = "chosen: keep the current plan"
+    unreached = [r.label for r in result.records if r.status == "not-reached"]
     return (f"{head}; {result.trials} trial(s), {runs} run(s), "
-            f"{result.wall_s:.0f} s of tuning")
+            f"{result.wall_s:.0f} s of tuning"
+            + (f"; never reached: {', '.join(unreached)}" if unreached else ""))
