@@ -94,7 +94,6 @@ class Tuner:
         self.step_s: float | None = None  # wall seconds per step of the current plan
         self.stretch: dict[tuple[tuple[str, str], ...], float] = {}  # arm -> predicted
         self.unreached: list[Candidate] = []
-        self._placebo_id = ""
         self.smells: list[smells.Smell] = []
 
     # ------------------------------------------------------------------ record
@@ -217,7 +216,8 @@ class Tuner:
 
     def _placebo(self, a0: RunOutcome) -> None:
         """The first PLACEBO_FIRST A/A pairs (A0 the first reference); the rest, up to
-        --placebo-pairs, are interleaved with the candidates' pairs (`_more_placebo`)."""
+        --placebo-pairs, are interleaved with the candidates' pairs (`_more_placebo`), each
+        recorded with the placebo's figures so far."""
         arm = self.bench.add(Arm("placebo (A/A)", PLACEBO, {}, {}))
         # A0 stands for the first pair's reference, a probe (sized in seconds) too: the
         # same plan, so whatever its other length does to its figure only widens the
@@ -225,11 +225,11 @@ class Tuner:
         error = self.bench.pair(arm, reference_run=a0)
         while not error and len(arm.pairs) < min(PLACEBO_FIRST, self.s.placebo_pairs):
             error = self.bench.pair(arm)
-        self._placebo_id = f"{len(self.records):02d}"
         self._record_placebo(error)
 
     def _record_placebo(self, error: str = "") -> None:
-        """(Re-)record the placebo's row with all its pairs so far."""
+        """Record the placebo with all its pairs so far: one row when it is measured
+        first, one more after each interleaved pair (the record stays in time order)."""
         arm = self.bench.placebo
         assert arm is not None
         figures = {**self.bench.record(arm), "reason": "the current plan against itself"}
@@ -238,17 +238,9 @@ class Tuner:
         if runs:
             figures["samples_per_s"] = tstats.rate_interval(runs, self.s.confidence).as_dict()
         status = "failed" if error else "measured"
-        decision = (f"this machine's noise: {evidence_text(figures)}"
-                    + (f"; a run failed ({error})" if error else ""))
-        rec = Record(self._placebo_id, arm.label, PLACEBO, status, {}, figures, decision)
-        if self._placebo_id == f"{len(self.records):02d}":
-            self.records.append(rec)
-            self.echo(f"[{rec.trial_id}] {arm.label}: {status} - {decision}")
-        else:
-            self.records[int(self._placebo_id)] = rec
-        with self._store() as store:
-            store.log_trial(self.session, rec.trial_id, {}, status,
-                            {"label": arm.label, "kind": PLACEBO, **figures}, decision)
+        self._record(arm.label, PLACEBO, status, {}, figures,
+                     f"this machine's noise: {evidence_text(figures)}"
+                     + (f"; a run failed ({error})" if error else ""))
 
     def _more_placebo(self) -> None:
         """One more A/A pair, while the placebo has fewer than --placebo-pairs."""
