@@ -26,7 +26,9 @@ FAST = ["--steps", "24", "--log-every", "3", "--trial-timeout", "240", "--placeb
 
 def _tune(cwd: Path, *args: str, sleep_ms: str = "2", timeout: float = 400
           ) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+    # this checkout's code, not whichever tandem the interpreter has installed
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+               OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
                TUNE_TASK_SLEEP_MS=sleep_ms)
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "TANDEM_PLAN"):
         env.pop(key, None)
