@@ -54,7 +54,7 @@ def build_store(path: Path) -> Path:
                          "ratio": {"estimate": 1.02, "low": 0.98, "high": 1.04, "n": 8}},
                         "even removing all communication gains only 1.04x: skipped")
         store.log_trial("tune-1", "02", {"data.workers": 2}, "adopted",
-                        {"label": "data.workers 2", "kind": "candidate",
+                        {"label": "data.workers 2", "kind": "candidate", "predicted": 1.45,
                          "ratio": {"estimate": 1.31, "low": 1.22, "high": 1.40, "n": 8}},
                         "adopted: 1.31x [1.22, 1.40]")
         store.finish_run("tune-1", "completed",

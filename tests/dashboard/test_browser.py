@@ -236,6 +236,9 @@ def test_tuner_page_shows_trials_intervals_and_decision(store: Path, serve, page
     assert ids == [t["trial_id"] for t in trials]
     assert "control" in page.get_attribute("tr[data-trial='01']", "class")
     assert page.inner_text("tr[data-trial='02']").count("1.31x [1.22, 1.4]") == 1
+    # the predicted gain beside the measured one
+    cells = page.eval_on_selector_all("tr[data-trial='02'] > td", "c => c.map(x => x.innerText)")
+    assert cells[6:8] == ["1.45x", "1.31x [1.22, 1.4]"], cells
     assert page.eval_on_selector_all("#intervals circle", "c => c.length") == 2
     assert "data.workers" in page.inner_text("#decision")
     # the adoption bar: the session's noise floor, and the least it could be (min_gain)

@@ -143,3 +143,18 @@ def test_an_adoption_that_later_noise_swamps_is_revoked_with_what_came_after() -
     assert bench.interval(a).low <= bench.floor("wall") < bench.interval(strong).low
     assert bench.rejudge([a, strong]) == ([], [a, strong])
     assert bench.rejudge([strong]) == ([strong], [])
+
+
+def test_an_effect_that_dwarfs_the_noise_is_decided_in_one_pair() -> None:
+    """22x on a machine whose runs differ by ~+-20%: two placebo pairs then one pair of
+    the candidate win it (the sequential rule); a 1.4x effect gets more pairs."""
+    wins_at = []
+    for seed in range(20):
+        machine = Machine({"": 10.0, "x=1": 220.0}, 0.14, seed)
+        verdict, bench, arm = _session(machine, {"x": 1}, placebo_pairs=2)
+        assert verdict == "win"
+        wins_at.append(len(arm.pairs))
+    assert max(wins_at) <= 2 and sorted(wins_at)[len(wins_at) // 2] == 1
+    small = [len(_session(Machine({"": 10.0, "x=1": 14.0}, 0.14, s), {"x": 1},
+                          placebo_pairs=2)[2].pairs) for s in range(20)]
+    assert sum(small) > 1.5 * sum(wins_at)

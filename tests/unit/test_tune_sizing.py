@@ -106,6 +106,11 @@ def test_a_bucket_is_proposed_only_when_latency_bound_and_worth_it() -> None:
                             **link), 0.05) == []
     assert sizing.bucket(_m({"plan.bucket_mb": 0.05}, grad_bytes=16 * MIB, buckets=330,
                             world=1, **link), 0.05) == []
+    # a calibrated latency x all-reduces beyond the whole step: the prediction is capped
+    slow_link = dict(latency_s=12e-3, bandwidth=400 * MIB, step_s=1.2)
+    capped = sizing.bucket(_m({"plan.bucket_mb": 0.02}, grad_bytes=12 * MIB, buckets=192,
+                              **slow_link), 0.05)
+    assert capped and capped[0].predicted == pytest.approx(1 / (1 - sizing.MAX_SAVED_SHARE))
 
 
 def test_static_graph_with_accumulation_is_refused() -> None:

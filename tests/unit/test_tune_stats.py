@@ -148,7 +148,24 @@ def test_decision_rules() -> None:
     assert low_side == pytest.approx(1 / 0.6)
     assert stats.noise_floor(stats.Interval(1.0, 0.0, math.inf, 1)) == math.inf  # df 0
     assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 2), floor) == "win"
-    assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 1), floor) == "more"  # one pair: never
+    assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 1), floor) == "win"  # sequential: one pair
+    assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 1), floor, min_pairs=2) == "more"
+    # the look's interval decides a win; the nominal one, a loss
+    assert stats.judge(stats.Interval(1.5, 1.0, 2.2, 2), floor,
+                       nominal=stats.Interval(1.5, 1.05, 1.1, 2)) == "lose"
     assert stats.judge(stats.Interval(1.0, 0.9, 1.11, 1), floor) == "lose"
     assert stats.judge(stats.Interval(1.1, 1.0, 1.2, 3), floor, max_pairs=4) == "more"
     assert stats.judge(stats.Interval(1.1, 1.0, 1.2, 4), floor, max_pairs=4) == "undecided"
+
+
+def test_look_confidence_splits_the_error_over_the_looks() -> None:
+    looks = [stats.look_confidence(0.95, 4, k) for k in range(1, 5)]
+    assert looks == pytest.approx([0.975, 1 - 0.025 / 3, 1 - 0.025 / 3, 1 - 0.025 / 3])
+    assert sum(1 - c for c in looks) == pytest.approx(0.05)  # the union bound holds
+    assert stats.look_confidence(0.95, 1) == pytest.approx(0.95)
+
+
+def test_the_placebo_counts_around_zero_in_the_pooled_noise() -> None:
+    sd, df = stats.pooled_sd([[0.1, 0.3]], zero_mean=[[0.2, -0.2]])
+    assert df == 3  # 1 from the arm around its mean, 2 from the placebo around zero
+    assert sd == pytest.approx(math.sqrt((0.01 + 0.01 + 0.04 + 0.04) / 3))

@@ -116,16 +116,19 @@ class Bench:
 
     # ------------------------------------------------------------------ statistics
     def noise(self, figure: str) -> tuple[float, int]:
-        """(pooled sd of the pair log ratios, degrees of freedom) over every arm."""
-        return stats.pooled_sd(a.logs(figure) for a in self.arms)
+        """(pooled sd of the pair log ratios, degrees of freedom) over every arm; the
+        placebo's around zero, its true mean."""
+        return stats.pooled_sd((a.logs(figure) for a in self.arms if a.kind != PLACEBO),
+                               (a.logs(figure) for a in self.arms if a.kind == PLACEBO))
 
-    def interval(self, arm: Arm, figure: str | None = None) -> stats.Interval | None:
+    def interval(self, arm: Arm, figure: str | None = None,
+                 confidence: float | None = None) -> stats.Interval | None:
         """The arm's ratio to its reference with the session's noise (None: no pair)."""
         logs = arm.logs(figure)
         if not logs:
             return None
         sd, df = self.noise(figure or arm.figure)
-        return stats.arm_interval(logs, sd, df, self.confidence)
+        return stats.arm_interval(logs, sd, df, confidence or self.confidence)
 
     def floor(self, figure: str) -> float:
         """What a gain's lower bound must exceed (`stats.noise_floor`)."""
@@ -135,11 +138,15 @@ class Bench:
 
     def judge(self, arm: Arm, min_pairs: int = stats.MIN_PAIRS,
               max_pairs: int = stats.MAX_PAIRS) -> str:
-        """'win', 'lose', 'more' or 'undecided' (`stats.judge`); 'more' with no pair."""
-        iv = self.interval(arm)
-        if iv is None:
+        """'win', 'lose', 'more' or 'undecided' (`stats.judge`, the sequential rule: each
+        look at the confidence `stats.look_confidence` gives); 'more' with no pair."""
+        nominal = self.interval(arm)
+        if nominal is None:
             return "more"
-        return stats.judge(iv, self.floor(arm.figure), min_pairs, max_pairs)
+        look = self.interval(arm, confidence=stats.look_confidence(
+            self.confidence, max_pairs, len(arm.logs())))
+        assert look is not None
+        return stats.judge(look, self.floor(arm.figure), min_pairs, max_pairs, nominal)
 
     def rejudge(self, adopted: list[Arm]) -> tuple[list[Arm], list[Arm]]:
         """The adoptions that still clear the floor with the session's final noise, and

@@ -28,9 +28,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where trial runs, their plan files and logs go")
     parser.add_argument("--max-trials", type=int, default=10,
                         help="controls and candidates to run at most")
-    parser.add_argument("--steps", type=int, default=60, help="steps of each trial run")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="steps of each trial run (0, the default: runs sized in "
+                             "seconds, see --run-seconds)")
+    parser.add_argument("--run-seconds", type=float, default=0.0,
+                        help="seconds of training per trial run when --steps is 0 (0: a "
+                             "thirtieth of the budget, within 4-30 s)")
     parser.add_argument("--log-every", type=int, default=5,
-                        help="steps per logging window (one throughput figure each)")
+                        help="steps per logging window (one throughput figure each; with "
+                             "runs sized in seconds, the baseline's)")
     parser.add_argument("--min-gain", type=float, default=tstats.MIN_GAIN,
                         help="a change must be faster by more than this, outside the noise")
     parser.add_argument("--placebo-pairs", type=int, default=3,
@@ -65,6 +71,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
         return hparams.run(ns, console)
     settings = Settings(budget_s=parse_duration(ns.budget), max_trials=ns.max_trials,
                         steps=ns.steps, log_every=ns.log_every, min_gain=ns.min_gain,
+                        run_s=ns.run_seconds,
                         guard_steps=ns.guard_steps, placebo_pairs=ns.placebo_pairs,
                         max_pairs=ns.max_pairs)
     if settings.placebo_pairs < 2:
@@ -72,7 +79,10 @@ def run(ns: argparse.Namespace, console: Console) -> int:
                          "needed to measure the noise")
     if settings.max_pairs < tstats.MIN_PAIRS:
         raise ValueError(f"--max-pairs {settings.max_pairs}: at least {tstats.MIN_PAIRS}")
-    if settings.steps < 2 * settings.log_every:
+    if settings.steps < 0 or settings.run_s < 0:
+        raise ValueError(f"--steps {settings.steps} and --run-seconds {settings.run_s} "
+                         "must be >= 0 (0: sized in seconds, from the budget)")
+    if settings.steps and settings.steps < 2 * settings.log_every:
         raise ValueError(f"--steps {settings.steps} must give at least two logging windows "
                          f"of --log-every {settings.log_every} steps")
     extra = [space.parse_try(t) for t in ns.tries]
@@ -101,5 +111,7 @@ def summary_line(result: TuneResult, runs: int) -> str:
         head = f"chosen: {chosen}{speed}"
     else:
         head = "chosen: keep the current plan"
+    unreached = [r.label for r in result.records if r.status == "not-reached"]
     return (f"{head}; {result.trials} trial(s), {runs} run(s), "
-            f"{result.wall_s:.0f} s of tuning")
+            f"{result.wall_s:.0f} s of tuning"
+            + (f"; never reached: {', '.join(unreached)}" if unreached else ""))

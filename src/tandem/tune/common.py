@@ -19,7 +19,7 @@ STATUS_STYLE = {"adopted": "bold green", "rejected": "bold red", "failed": "red"
                 "stopped-early": "yellow", "not-significant": "yellow", "bound": "cyan",
                 "confirmed": "cyan", "refuted": "magenta", "inconclusive": "yellow",
                 "measured": "bold", "skipped": "dim", "invalid": "dim", "pruned": "yellow",
-                "complete": "green", "revoked": "bold yellow"}
+                "complete": "green", "revoked": "bold yellow", "not-reached": "dim"}
 
 
 def parse_duration(text: str) -> float:

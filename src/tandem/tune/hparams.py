@@ -55,6 +55,7 @@ from tandem.tune.trial import RunOutcome, TrialRunner
 
 PENALTY = 2.0
 PLACEBO_PAIRS = 2
+HPARAMS_STEPS = 60  # steps of every trial when --steps is 0 (a search compares runs of equal steps)
 
 
 def space(trial: Any, global_batch: int, steps: int, world: int) -> dict[str, Any]:
@@ -169,7 +170,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     runner = runner_from(ns)
     session = session_id(ns.script) + "-hp"
     started = time.monotonic()
-    steps = ns.steps
+    steps = ns.steps or HPARAMS_STEPS  # time-to-target needs the same steps in every trial
     records: list[Record] = []
 
     def record(tid: str, label: str, status: str, changes: dict, figures: dict,
@@ -208,7 +209,7 @@ def _search(ns: argparse.Namespace, runner: TrialRunner, session: str, record: A
     """The baseline, then the Optuna study; the session is closed by the caller."""
     import optuna
 
-    steps, log_every = ns.steps, ns.log_every
+    steps, log_every = ns.steps or HPARAMS_STEPS, ns.log_every
     eval_every = max(1, steps // 6)
     # The current hyper-parameters first: the reference, and the config to search around.
     base = runner.run(f"{session}-r000-baseline", {}, steps, log_every, eval_every=eval_every)

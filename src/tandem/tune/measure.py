@@ -71,13 +71,20 @@ class Measured:
 
     @property
     def accum(self) -> int:
-        """Accumulation passes per step in the measured run."""
-        return int(self.summary.get("accumulation") or 1)
+        """Accumulation passes per step in the measured run (from its settings when its
+        summary lacks it: a probe stopped early writes none)."""
+        from tandem.tune.space import accumulation
+
+        return int(self.summary.get("accumulation") or accumulation(self.config, self.world)
+                   or 1)
 
     @property
     def micro(self) -> int:
         """Samples per forward/backward on one process in the measured run."""
-        return int(self.summary.get("micro_batch") or 0)
+        if self.summary.get("micro_batch"):
+            return int(self.summary["micro_batch"])
+        per_rank = self.per_rank
+        return int(self.config.get("train.micro_batch") or 0) or per_rank
 
     @property
     def per_rank(self) -> int:

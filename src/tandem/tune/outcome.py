@@ -17,8 +17,9 @@ class Settings:
 
     budget_s: float = 600.0
     max_trials: int = 10  # controls and candidates
-    steps: int = 60  # steps of each trial run
-    log_every: int = 5  # steps per logging window at most
+    steps: int = 0  # steps of each trial run (0: sized in seconds, `runsize.py`)
+    log_every: int = 5  # steps per logging window at most (the probe's, when sized)
+    run_s: float = 0.0  # seconds of training per sized run (0: from the budget)
     min_gain: float = tstats.MIN_GAIN
     confidence: float = tstats.CONFIDENCE
     guard_steps: int = 0
@@ -35,7 +36,8 @@ class Record:
     label: str
     kind: str  # baseline, placebo, control, candidate, confirm
     status: str  # measured, bound, skipped, stopped-early, not-significant, rejected,
-    #              adopted, revoked (adopted, then undone by the final noise), failed, invalid
+    #              adopted, revoked (adopted, then undone by the final noise), failed, invalid,
+    #              not-reached (the budget or --max-trials ran out before it)
     changes: dict[str, Any]
     figures: dict[str, Any]
     decision: str

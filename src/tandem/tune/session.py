@@ -4,17 +4,25 @@ The order of work (each step real runs of the user's script, see `trial.py`):
 
 1. **The job's settings** are resolved without training (`TrialRunner.resolve`).
 2. **Baseline** A0 under the current plan: its measurements (`measure.py`) size the
-   candidates (`sizing.py`) and its diagnosis names the bottleneck.
-3. **Placebo**: the current plan against itself in PLACEBO_PAIRS pairs (A0 the first
-   reference). Its interval is what a change that does nothing shows on this machine
-   today; every decision's lower bound must clear it (`stats.noise_floor`).
-4. **Candidates**, misconfigurations first (needless accumulation, oversubscribed
-   threads, costly cadences), then each diagnosed family after its control experiment
-   (`controls.py`): a refuted family, or one whose control cannot gain 1 + min_gain, is
-   skipped. Each candidate is an arm against the current plan, in pairs of runs with
-   alternating order; after each pair it wins (lower bound over the floor, at least
-   MIN_PAIRS pairs), stops (upper bound under the floor) or gets another pair, up to
-   max_pairs. A lossy candidate must also pass the convergence guardrail (`guard.py`),
+   candidates (`sizing.py`) and its diagnosis names the bottleneck. Sized in seconds
+   (the default, `runsize.py`), A0 is a probe stopped once it has run long enough, and
+   its seconds per step size every later run, so that a slow job's runs cost what a fast
+   one's do.
+3. **Placebo**: the current plan against itself, PLACEBO_FIRST pairs first (A0 the first
+   reference); its further pairs, up to --placebo-pairs, are interleaved with the
+   candidates' (one before each candidate pair after the first). Its interval is what a
+   change that does nothing shows on this machine today; every decision's lower bound
+   must clear it (`stats.noise_floor`).
+4. **Candidates**, largest predicted gain first (`by_predicted_gain`: the smells and
+   measured candidates carry one), then each diagnosed family after its control
+   experiment (`controls.py`): a refuted family, or one whose control cannot gain
+   1 + min_gain, is skipped. Each candidate is an arm against the current plan, in
+   pairs of runs with alternating order, judged after each pair by a sequential test
+   (`stats.judge`): it wins (lower bound at the look's confidence over the floor, from
+   its first pair on: an effect that dwarfs the noise is decided at once), stops (upper
+   bound under the floor) or gets another pair, up to max_pairs. Candidates the budget
+   or --max-trials never reached are recorded as such. A lossy candidate must also pass
+   the convergence guardrail (`guard.py`),
    checked on its first pair: one that trains worse is rejected there. A
    winner becomes the plan later arms are measured against; its last run is measured
    and diagnosed again, and its proposals join the queue.
@@ -44,7 +52,7 @@ from typing import Any
 from tandem.analyze.diagnose import Finding, diagnose
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
-from tandem.tune import controls, guard, sizing, space
+from tandem.tune import controls, guard, runsize, sizing, smells, space
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.measure import Measured, measured_from
@@ -83,6 +91,11 @@ class Tuner:
         self.a0: RunOutcome | None = None
         self.judged: set[tuple[tuple[str, str], ...]] = set()  # candidates' own changes
         self.speed: tstats.Interval | None = None
+        self.run_s = settings.run_s or runsize.auto_run_seconds(settings.budget_s)
+        self.step_s: float | None = None  # wall seconds per step of the current plan
+        self.stretch: dict[tuple[tuple[str, str], ...], float] = {}  # arm -> predicted
+        self.unreached: list[Candidate] = []
+        self.smells: list[smells.Smell] = []
 
     # ------------------------------------------------------------------ record
     def _store(self) -> RunStore:
@@ -113,7 +126,27 @@ class Tuner:
 
     def _launch(self, tag: str, changes: Mapping[str, Any], control: str) -> RunOutcome:
         name = f"{self.session}-{self.runner.runs:03d}-{tag}"
-        return self.runner.run(name, changes, self.s.steps, self.s.log_every, control)
+        if self.s.steps or not self.step_s:
+            steps, log_every = self.s.steps or runsize.MIN_STEPS, self.s.log_every
+        else:
+            sized = runsize.size(self.step_s, self.run_s,
+                                 self.stretch.get(self._key(changes), 1.0))
+            steps, log_every = sized.steps, sized.log_every
+        return self.runner.run(name, changes, steps, log_every, control)
+
+    def _probe(self) -> RunOutcome:
+        """The baseline run: fixed steps, or (sized in seconds) stopped once its windows
+        span enough time to size every later run (`runsize.probe_done`)."""
+        if self.s.steps:
+            return self._launch("baseline", {}, "")
+        name = f"{self.session}-{self.runner.runs:03d}-baseline"
+        out = self.runner.run(name, {}, runsize.PROBE_STEPS, self.s.log_every, watch=lambda:
+                              runsize.probe_done(self.runner.read(name).windows, self.run_s))
+        if out.stopped and len(out.windows) >= 2:
+            out.ok, out.error = True, ""
+        elif out.stopped:
+            out.ok, out.error = False, out.error or "stopped before two logging windows"
+        return out
 
     # ------------------------------------------------------------------ session
     def run(self) -> TuneResult:
@@ -139,7 +172,7 @@ class Tuner:
         self.job = self.runner.resolve()
         if self.job.get("monitor.log_every"):
             self.runner.job_log_every = int(self.job["monitor.log_every"])
-        a0 = self._launch("baseline", {}, "")
+        a0 = self._probe()
         if not a0.ok:
             self._record("baseline", "baseline", "failed", {}, {"error": a0.error},
                          f"the current plan did not run: {a0.error}")
@@ -163,12 +196,15 @@ class Tuner:
             if key in self.job:  # what the trial set for itself is not the job's
                 config[key] = self.job[key]
         config.update(self.incumbent)
+        self.step_s = runsize.wall_per_step(outcome.windows) or self.step_s
         self.measured = measured_from(metrics, run.get("summary") or {}, config,
                                       outcome.windows, self.runner.nproc,
                                       int(ran.get("monitor.log_every") or 1),
                                       {**os.environ, **self.runner.env})
         kinds = space_kinds()
-        self.findings = [f for f in findings if f.kind in kinds]
+        self.smells = smells.smells(self.measured)
+        self.findings = ([f for f in findings if f.kind in kinds]
+                         + [smell.finding() for smell in self.smells])
         if outcome is self.a0:
             self._record("baseline", "baseline", "measured", {}, {
                 "runs": [outcome.run_id], "wall_s": outcome.wall_s, "run": outcome.figures,
@@ -176,14 +212,27 @@ class Tuner:
                 "findings": [{"kind": f.kind, "severity": f.severity, "message": f.message,
                               "predicted_speedup": controls.predicted_of(f)}
                              for f in self.findings]},
-                "diagnosis: " + ("; ".join(f"{f.kind} ({f.severity})" for f in self.findings)
-                                 or "nothing to judge"))
+                "diagnosis: " + ("; ".join(f"{f.evidence.get('smell', f.kind)} ({f.severity})"
+                                           for f in self.findings) or "nothing to judge"))
 
     def _placebo(self, a0: RunOutcome) -> None:
+        """The first PLACEBO_FIRST A/A pairs (A0 the first reference); the rest, up to
+        --placebo-pairs, are interleaved with the candidates' pairs (`_more_placebo`), each
+        recorded with the placebo's figures so far."""
         arm = self.bench.add(Arm("placebo (A/A)", PLACEBO, {}, {}))
+        # A0 stands for the first pair's reference, a probe (sized in seconds) too: the
+        # same plan, so whatever its other length does to its figure only widens the
+        # noise the placebo measures (its pairs count around zero), never a gain.
         error = self.bench.pair(arm, reference_run=a0)
-        while not error and len(arm.pairs) < self.s.placebo_pairs:
+        while not error and len(arm.pairs) < min(PLACEBO_FIRST, self.s.placebo_pairs):
             error = self.bench.pair(arm)
+        self._record_placebo(error)
+
+    def _record_placebo(self, error: str = "") -> None:
+        """Record the placebo with all its pairs so far: one row when it is measured
+        first, one more after each interleaved pair (the record stays in time order)."""
+        arm = self.bench.placebo
+        assert arm is not None
         figures = {**self.bench.record(arm), "reason": "the current plan against itself"}
         runs = [r.figures["wall"] for p in arm.pairs for r in (p.reference, p.arm)
                 if "wall" in r.figures]
@@ -194,11 +243,20 @@ class Tuner:
                      f"this machine's noise: {evidence_text(figures)}"
                      + (f"; a run failed ({error})" if error else ""))
 
+    def _more_placebo(self) -> None:
+        """One more A/A pair, while the placebo has fewer than --placebo-pairs."""
+        arm = self.bench.placebo
+        if arm is None or len(arm.pairs) >= self.s.placebo_pairs or not self._can_afford(4):
+            return
+        self._record_placebo(self.bench.pair(arm))
+
     def _proposals(self) -> list[Candidate]:
         """Measured candidates, then each diagnosed family behind its control."""
         assert self.measured is not None
         m, base = self.measured, {**self.job, **self.incumbent}
-        queue = sizing.proposals(m, self.s.min_gain)
+        queue = [smell.candidate() for smell in self.smells]
+        seen = [c.changes for c in queue]
+        queue += [c for c in sizing.proposals(m, self.s.min_gain) if c.changes not in seen]
         families = space.families_of(self.findings)
         for family, finding in families.items():
             reason = f"{finding.kind}: {finding.message.split(' -> ')[0]}"
@@ -209,7 +267,7 @@ class Tuner:
                 queue += space.memory_remedies(base, reason, m.world)
             elif family == "compute":
                 queue += space.compute_remedies(base, reason, m.on_gpu)
-        return queue
+        return by_predicted_gain(queue)
 
     def _drain(self, queue: list[Candidate]) -> None:
         """Try the queue in order; after each adoption, the new measurements' ideas."""
@@ -220,7 +278,19 @@ class Tuner:
             if self._candidate(cand):
                 queue[:] = [c for c in queue if not set(c.changes) & set(cand.changes)]
                 fresh = [c for c in self._proposals() if not self._was_tried(c)]
-                queue[:0] = fresh
+                queue[:] = by_predicted_gain(fresh + queue)
+        self._unreached([c for c in queue if not self._was_tried(c)])
+
+    def _unreached(self, queue: list[Candidate]) -> None:
+        """Say which candidates the session never reached, and why."""
+        why = ("--max-trials reached" if self.trials >= self.s.max_trials
+               else "no budget left for a pair")
+        for cand in queue:
+            self.unreached.append(cand)
+            self._record(cand.label, "candidate", "not-reached", cand.changes,
+                         {"reason": cand.reason, "predicted": cand.predicted,
+                          "family": cand.family},
+                         f"never tried ({why}); {_predicted_text(cand.predicted)}")
 
     def _budget_left(self) -> bool:
         return self.trials < self.s.max_trials and self._can_afford(2)
@@ -286,8 +356,12 @@ class Tuner:
             return False
         self.trials += 1
         arm = self.bench.add(Arm(cand.label, "candidate", changes, dict(self.incumbent)))
+        if cand.predicted:
+            self.stretch[self._key(changes)] = cand.predicted
         verdict, error, guard_verdict = "more", "", None
         while verdict == "more":
+            if arm.pairs:
+                self._more_placebo()
             if not self._can_afford(2):
                 verdict = "budget"
                 break
@@ -303,9 +377,11 @@ class Tuner:
                     break
             verdict = self.bench.judge(arm, tstats.MIN_PAIRS, self.s.max_pairs)
         figures = {**self.bench.record(arm), **info}
+        if "ratio" in figures:
+            figures["measured"] = figures["ratio"]["estimate"]
         if guard_verdict is not None:
             figures["guard"] = guard_verdict.as_dict()
-        ev = evidence_text(figures)
+        ev = f"{_predicted_text(cand.predicted)}, measured {evidence_text(figures)}"
         floor = f"{self.bench.floor('wall'):.3g}"
         if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
@@ -340,7 +416,7 @@ class Tuner:
         first = arm.pairs[0]
         base_run, cand_run = first.reference, first.arm
         steps = self.s.guard_steps or self.s.steps
-        if steps != self.s.steps:  # dedicated runs over the guard's steps
+        if self.s.guard_steps and steps != self.s.steps:  # dedicated runs over its steps
             base_run = self.runner.run(f"{self.session}-{self.runner.runs:03d}-guard-base",
                                        self.incumbent, steps, self.s.log_every)
             cand_run = self.runner.run(f"{self.session}-{self.runner.runs:03d}-guard-cand",
@@ -394,6 +470,15 @@ class Tuner:
         self.incumbent = dict(kept[-1].changes) if kept else {}
 
     def _result(self) -> TuneResult:
+        # The placebo completed to --placebo-pairs where the budget allows: the final
+        # judgement then has all the noise the user asked for.
+        arm = self.bench.placebo
+        while arm is not None and len(arm.pairs) < self.s.placebo_pairs \
+                and self._can_afford(2):
+            before = len(arm.pairs)
+            self._more_placebo()
+            if len(arm.pairs) == before:
+                break
         self._rejudge()
         self.speed = self._speedup()
         return TuneResult(
@@ -408,8 +493,23 @@ class Tuner:
                 "runs": self.runner.runs, "wall_s": self._elapsed(),
                 "speedup": speed.as_dict() if speed else None,
                 "evidence": self.evidence, "noise": self.bench.noise_record("wall"),
+                "unreached": [c.label for c in self.unreached],
+                "run_s": None if self.s.steps else self.run_s,
                 "validations": {k: {x: y for x, y in v.items() if x != "evidence"}
                                 for k, v in self.validations.items()}}
+
+
+PLACEBO_FIRST = 2  # A/A pairs before any candidate: the least that gives a noise estimate
+
+
+def by_predicted_gain(queue: Sequence[Candidate]) -> list[Candidate]:
+    """The candidates, largest predicted gain first (those without a prediction after,
+    in their own order)."""
+    return sorted(queue, key=lambda c: -(c.predicted or 0.0))
+
+
+def _predicted_text(predicted: float | None) -> str:
+    return f"predicted {predicted:.3g}x" if predicted else "no prediction"
 
 
 def space_kinds() -> frozenset[str]:

@@ -48,6 +48,7 @@ DATA_SHARE = 0.10
 MAX_WORKERS_PER_CORE = 4  # loaders that wait on storage, not on a core
 BUCKET_LATENCY_MULTIPLE = 2.0
 BUCKET_TARGET_MULTIPLE = 8.0
+MAX_SAVED_SHARE = 0.9  # a saving of at most this share of the step: predictions <= 10x
 MIB = 2.0 ** 20
 
 
@@ -206,7 +207,9 @@ def bucket(m: Measured, min_gain: float) -> list[Candidate]:
     new = min(m.grad_bytes, max(size, BUCKET_TARGET_MULTIPLE * link))
     new_mb = math.ceil(new / MIB * 10) / 10
     buckets = math.ceil(m.grad_bytes / (new_mb * MIB)) + 1  # DDP's first bucket is small
-    saved = max(0.0, m.buckets - buckets) * m.latency_s
+    # The calibrated latency times the all-reduces can exceed the step (they overlap the
+    # backward, and a loaded machine inflates the calibration): at most most of the step.
+    saved = min(max(0.0, m.buckets - buckets) * m.latency_s, MAX_SAVED_SHARE * m.step_s)
     if saved <= min_gain * m.step_s or new_mb * MIB <= size:
         return []
     return [Candidate(

@@ -21,25 +21,31 @@ independent computations in tests/unit/test_tune_stats.py:
   between pairs, so pairs are independent). One observation per pair:
   r = log(arm figure / reference figure).
 * **The machine's noise** (`pooled_sd`): the standard deviation of r around each arm's
-  own mean, pooled over every arm of the session (the placebo's pairs included), with
-  sum(n_arm - 1) degrees of freedom. Pooling assumes the run-to-run noise is the same
-  multiplicative noise whatever the plan; it is what lets an arm of two pairs get an
-  honest interval.
+  own mean, pooled over every arm of the session, with sum(n_arm - 1) degrees of
+  freedom; the placebo's pairs count around zero, their true mean (the same plan on
+  both sides), so each of them is one degree of freedom (an order effect between the
+  first and the second run of a pair only inflates that estimate). Pooling assumes the
+  run-to-run noise is the same multiplicative noise whatever the plan; it is what lets
+  an arm of one or two pairs get an honest interval.
 * **An arm's ratio** (`arm_interval`): exp(mean r) with the Student-t interval
   exp(mean r +- t(df) * sd / sqrt(n)).
 * **The placebo.** Every session measures an A/A arm: the reference plan against
   itself. Its interval is what a change that does nothing shows on this machine today.
-* **Noise floor and decisions** (`noise_floor`, `judge`): floor = max(1 + min_gain, the
-  placebo's upper bound, the inverse of its lower bound). Which run of an A/A pair is
-  "A" is arbitrary, so a placebo measured at 0.75 [0.60, 0.94] says that two runs of one
-  plan can differ by 1/0.60 = 1.67x on this machine today, as surely as one at 1.33
-  [1.06, 1.67] does. An arm wins when it has MIN_PAIRS pairs or more and its lower
-  bound exceeds the floor; it is stopped when its upper bound is below the floor (it
-  cannot beat the noise); otherwise it gets another pair, up to a maximum, after which
-  it is not significant. Stopping as soon as an arm is decided makes the test
-  sequential: the floor's margin (a lower bound above another interval's upper bound)
-  keeps the chance that an equal plan wins far below the nominal 2.5% (tested by
-  simulation).
+* **Noise floor and decisions** (`noise_floor`, `judge`, `look_confidence`): floor =
+  max(1 + min_gain, the placebo's upper bound, the inverse of its lower bound). Which
+  run of an A/A pair is "A" is arbitrary, so a placebo measured at 0.75 [0.60, 0.94]
+  says that two runs of one plan can differ by 1/0.60 = 1.67x on this machine today, as
+  surely as one at 1.33 [1.06, 1.67] does. An arm is judged after each of its pairs, at
+  most max_pairs times (a sequential test): its interval is taken at the look's
+  confidence (`look_confidence`: half the error rate spent on the first look, the other
+  half split evenly over the later ones: a union bound over the looks), so the chance
+  that a plan no faster than the reference wins at any look, wherever the session
+  stops, is at most (1 - confidence) / 2 (2.5% at 95%; the floor's margin makes it far
+  smaller: tested by simulation). It wins as soon as that lower bound exceeds the
+  floor, from its first pair on: an effect that dwarfs the noise is decided in one or
+  two pairs, a small one gets more. It is stopped when its (nominal) upper bound is
+  below the floor (it cannot beat the noise); otherwise it gets another pair, up to
+  max_pairs, after which it is not significant.
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ from statistics import NormalDist
 
 CONFIDENCE = 0.95
 MIN_GAIN = 0.05
-MIN_PAIRS = 2  # pairs before an arm may win
+MIN_PAIRS = 1  # pairs before an arm may win (the sequential rule guards one pair)
 MAX_PAIRS = 4  # pairs before an undecided arm is not significant
 
 
@@ -198,10 +204,12 @@ def run_rates(windows: Sequence[WindowFigure]) -> dict[str, float]:
     return out
 
 
-def pooled_sd(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+def pooled_sd(groups: Iterable[Sequence[float]],
+              zero_mean: Iterable[Sequence[float]] = ()) -> tuple[float, int]:
     """(standard deviation around each group's own mean, pooled; degrees of freedom).
 
-    NaN and 0 when no group has two values."""
+    The values of each `zero_mean` group count around zero, their known mean (one degree
+    of freedom each). NaN and 0 when nothing gives a degree of freedom."""
     ss, df = 0.0, 0
     for values in groups:
         xs = [float(x) for x in values if math.isfinite(x)]
@@ -209,6 +217,10 @@ def pooled_sd(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
             m = math.fsum(xs) / len(xs)
             ss += math.fsum((x - m) ** 2 for x in xs)
             df += len(xs) - 1
+    for values in zero_mean:
+        xs = [float(x) for x in values if math.isfinite(x)]
+        ss += math.fsum(x * x for x in xs)
+        df += len(xs)
     return (math.sqrt(ss / df), df) if df else (math.nan, 0)
 
 
@@ -237,12 +249,26 @@ def noise_floor(placebo: Interval | None, min_gain: float = MIN_GAIN) -> float:
     return max(1 + min_gain, placebo.high, 1 / placebo.low)
 
 
+def look_confidence(confidence: float, max_pairs: int, look: int = 1) -> float:
+    """The confidence of look `look` (1-based) of the sequential test: half the error
+    rate goes to the first look, the other half is split evenly over the later ones (all
+    of it to the first when there is only one), so that it holds over all max_pairs looks
+    (a union bound) while an effect that dwarfs the noise can be decided at its first."""
+    alpha, looks = 1 - confidence, max(1, max_pairs)
+    if looks == 1:
+        return confidence
+    return 1 - (alpha / 2 if look <= 1 else alpha / 2 / (looks - 1))
+
+
 def judge(ratio: Interval, floor: float, min_pairs: int = MIN_PAIRS,
-          max_pairs: int = MAX_PAIRS) -> str:
-    """'win', 'lose' (cannot beat the floor), 'more' (another pair) or 'undecided'."""
+          max_pairs: int = MAX_PAIRS, nominal: Interval | None = None) -> str:
+    """'win', 'lose' (cannot beat the floor), 'more' (another pair) or 'undecided'.
+
+    `ratio` is the interval at the look's confidence (`look_confidence`); `nominal`, at
+    the session's own (default: `ratio`), is what 'lose' reads."""
     if ratio.n >= min_pairs and ratio.low > floor:
         return "win"
-    if ratio.high < floor:
+    if (nominal or ratio).high < floor:
         return "lose"
     return "more" if ratio.n < max_pairs else "undecided"
 

@@ -90,14 +90,17 @@
     const rows = [...trials.values()];
     const box = document.getElementById("trials");
     box.replaceChildren(T.el("table", { class: "list" },
-      T.el("thead", {}, T.el("tr", {}, ["#", "kind", "trial", "status", "changes", "samples/s [95% CI]", "vs plan [95% CI]", "decision", "figures"].map((h) => T.el("th", { text: h })))),
+      T.el("thead", {}, T.el("tr", {}, ["#", "kind", "trial", "status", "changes", "samples/s [95% CI]", "predicted", "measured vs plan [95% CI]", "decision", "figures"].map((h) => T.el("th", { text: h })))),
       T.el("tbody", {}, rows.map((t) => {
-        const f = t.figures || {}, rest = Object.fromEntries(Object.entries(f).filter(([k]) => !["label", "kind", "samples_per_s", "ratio"].includes(k)));
+        const f = t.figures || {}, rest = Object.fromEntries(Object.entries(f).filter(([k]) => !["label", "kind", "samples_per_s", "ratio", "predicted", "measured"].includes(k)));
         const more = Object.keys(rest).length ? T.el("details", {}, T.el("summary", { text: `${Object.keys(rest).length} more` }), T.kv(rest)) : "";
         return T.el("tr", { class: `${f.kind || ""} ${t.status}`, "data-trial": t.trial_id },
           T.el("td", { text: t.trial_id }), T.el("td", { text: f.kind ?? "–" }), T.el("td", { text: f.label ?? "–" }),
           T.el("td", { text: t.status }), T.el("td", {}, Object.keys(t.plan || {}).length ? T.kv(t.plan, true) : "–"),
-          T.el("td", { class: "num", text: interval(f.samples_per_s) }), T.el("td", { class: "num", text: interval(f.ratio, "x") }),
+          T.el("td", { class: "num", text: interval(f.samples_per_s) }),
+          // the gain the measurements predicted for a candidate, beside the one its pairs measured
+          T.el("td", { class: "num", text: Number.isFinite(T.num(f.predicted)) ? `${T.fmt(f.predicted)}x` : "–" }),
+          T.el("td", { class: "num", text: interval(f.ratio, "x") }),
           T.el("td", { text: t.decision ?? "" }), T.el("td", {}, more));
       }))));
   };

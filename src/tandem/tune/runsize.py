@@ -1,0 +1,75 @@
+"""Trial runs sized in seconds, not steps: a slow plan costs the session what a fast one does.
+
+A fixed number of steps makes a job that is 20 times slower per step spend 20 times the
+budget on each run of its baseline and placebo, and leaves nothing for candidates. So:
+
+* **The probe.** The baseline is launched for PROBE_STEPS steps (more than it will
+  run) and stopped once its logging windows, after the first (warm-up), span half the
+  run length and at least PROBE_WINDOWS windows (`probe_done`); its seconds per step
+  (`wall_per_step`, logging and evaluation pauses included) size every later run.
+* **Every later run** of a plan gets `size(seconds_per_step, run_s)`: enough steps to
+  fill run_s seconds, at least MIN_STEPS (a steady state needs some), in WINDOWS
+  logging windows. A candidate whose prediction says it is faster gets its predicted
+  share more steps (at most MAX_STRETCH times), so that its run also lasts about run_s
+  and measures it over enough windows.
+* **run_s** is the user's `--run-seconds`, else `auto_run_seconds(budget)`: a
+  RUNS_PER_BUDGET-th of the budget, within [MIN_RUN_S, MAX_RUN_S].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.tune.stats import WindowFigure
+
+PROBE_STEPS = 100_000  # the probe is stopped long before
+PROBE_WINDOWS = 4
+MIN_STEPS = 12
+WINDOWS = 6
+MAX_STRETCH = 4.0
+RUNS_PER_BUDGET = 30
+MIN_RUN_S = 4.0
+MAX_RUN_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunSize:
+    """Steps of a trial run and its logging window."""
+
+    steps: int
+    log_every: int
+
+
+def auto_run_seconds(budget_s: float) -> float:
+    """Seconds of training per run for a session of `budget_s` seconds."""
+    return min(MAX_RUN_S, max(MIN_RUN_S, budget_s / RUNS_PER_BUDGET))
+
+
+def wall_per_step(windows: Sequence[WindowFigure]) -> float | None:
+    """Wall seconds per step after the first window (None: fewer than two windows)."""
+    if len(windows) < 2 or windows[-1].step <= windows[0].step:
+        return None
+    span = windows[-1].time - windows[0].time
+    return span / (windows[-1].step - windows[0].step) if span > 0 else None
+
+
+def probe_done(windows: Sequence[WindowFigure], run_s: float) -> bool:
+    """Whether a probe has enough windows (and seconds of them) to be stopped."""
+    if len(windows) < PROBE_WINDOWS:
+        return False
+    return windows[-1].time - windows[0].time >= run_s / 2
+
+
+def size(seconds_per_step: float, run_s: float, stretch: float = 1.0) -> RunSize:
+    """The steps and logging window of a run lasting about run_s x min(stretch,
+    MAX_STRETCH) / stretch seconds: `stretch`, a predicted speed-up, lengthens it in steps."""
+    if not (seconds_per_step > 0 and math.isfinite(seconds_per_step)):
+        raise ValueError(f"seconds_per_step {seconds_per_step!r} must be a positive number")
+    if run_s <= 0:
+        raise ValueError(f"run_s {run_s!r} must be positive")
+    factor = min(max(stretch, 1.0), MAX_STRETCH)
+    steps = max(MIN_STEPS, math.ceil(factor * run_s / seconds_per_step))
+    log_every = max(1, steps // WINDOWS)
+    return RunSize(log_every * math.ceil(steps / log_every), log_every)

@@ -1,0 +1,54 @@
+"""Trial runs sized in seconds: the probe's stop rule and the steps of later runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tandem.tune import runsize
+from tandem.tune.stats import WindowFigure
+
+
+def _windows(seconds_per_step: float, steps_per_window: int, n: int) -> list[WindowFigure]:
+    return [WindowFigure((i + 1) * steps_per_window, 32.0 * steps_per_window,
+                         seconds_per_step * steps_per_window,
+                         100.0 + (i + 1) * steps_per_window * seconds_per_step)
+            for i in range(n)]
+
+
+def test_a_slow_and_a_fast_plan_get_runs_of_the_same_length() -> None:
+    slow, fast = runsize.size(1.0, 10.0), runsize.size(0.01, 10.0)
+    assert slow.steps * 1.0 == pytest.approx(max(10.0, runsize.MIN_STEPS), abs=slow.log_every)
+    assert fast.steps * 0.01 == pytest.approx(10.0, abs=fast.log_every * 0.01)
+    for sized in (slow, fast):
+        assert sized.steps % sized.log_every == 0
+        assert sized.steps // sized.log_every >= min(runsize.WINDOWS, sized.steps)
+
+
+def test_a_predicted_speed_up_stretches_a_run_in_steps_within_a_cap() -> None:
+    base = runsize.size(0.1, 10.0).steps
+    assert runsize.size(0.1, 10.0, stretch=2.0).steps == pytest.approx(2 * base, rel=0.1)
+    capped = runsize.size(0.1, 10.0, stretch=50.0).steps
+    assert capped == pytest.approx(runsize.MAX_STRETCH * base, rel=0.1)
+    assert runsize.size(0.1, 10.0, stretch=0.5).steps == base  # never shortened
+
+
+def test_the_probe_stops_on_time_and_windows() -> None:
+    assert not runsize.probe_done(_windows(0.1, 5, 3), 1.0)  # too few windows
+    assert not runsize.probe_done(_windows(0.01, 5, 6), 10.0)  # too short a span
+    assert runsize.probe_done(_windows(0.5, 5, 4), 10.0)  # 3 x 2.5 s >= 5 s
+    assert runsize.wall_per_step(_windows(0.25, 4, 5)) == pytest.approx(0.25)
+    assert runsize.wall_per_step(_windows(0.25, 4, 1)) is None
+
+
+def test_the_run_length_follows_the_budget_within_bounds() -> None:
+    assert runsize.auto_run_seconds(300) == pytest.approx(300 / runsize.RUNS_PER_BUDGET)
+    assert runsize.auto_run_seconds(10) == runsize.MIN_RUN_S
+    assert runsize.auto_run_seconds(36000) == runsize.MAX_RUN_S
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan, math.inf])
+def test_a_bad_step_time_is_refused(bad: float) -> None:
+    with pytest.raises(ValueError, match="seconds_per_step"):
+        runsize.size(bad, 10.0)
