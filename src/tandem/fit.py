@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from rich.console import Console
 from torch import nn
 
 from tandem.analyze.scaling import scaling_figures
+from tandem.components import Component
 from tandem.config import USAGE, Config, load, parse_args, reference, validate
 from tandem.errors import USAGE_EXIT_CODE, PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
@@ -70,7 +72,8 @@ def config_from_argv(argv: list[str], defaults: dict[str, Any] | None = None) ->
 
 
 def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
-        defaults: dict[str, Any] | None = None) -> RunResult:
+        defaults: dict[str, Any] | None = None,
+        components: Sequence[Component] = ()) -> RunResult:
     """Train `task` on every process of the job; return the trained model and a summary.
 
     Must be called on all processes. Without `config`, the settings come from `argv`
@@ -80,18 +83,19 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
     stops every process before anything is written for the run: with a `config`, as a
     UsageError (a ValueError) on every process; from the command line, as one message
     printed once and exit status 2. Ctrl-C stops at the next step boundary with a
-    checkpoint (exit status 130), SIGTERM likewise (75).
+    checkpoint (exit status 130), SIGTERM likewise (75). `components` are added to the
+    run after the task's own (`Task.components`), each a `tandem.Component`.
     """
     if config is not None:
         config = validate(config)
         check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
-        return _run(task, config, script=False)
+        return _run(task, config, script=False, components=components)
     try:
         config = config_from_argv(sys.argv[1:] if argv is None else argv, defaults)
         check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
     except ValueError as err:
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
-    return _run(task, config, script=True)
+    return _run(task, config, script=True, components=components)
 
 
 def _usage_exit(message: str, speak: bool) -> None:
@@ -104,7 +108,8 @@ def _usage_exit(message: str, speak: bool) -> None:
     raise SystemExit(USAGE_EXIT_CODE)
 
 
-def _run(task: Task, config: Config, script: bool) -> RunResult:
+def _run(task: Task, config: Config, script: bool,
+         components: Sequence[Component] = ()) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     try:
         runtime = start(config.plan)
@@ -114,7 +119,7 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
     _setup_logging(runtime)
     try:
-        result = _fit(task, config, runtime, name)
+        result = _fit(task, config, runtime, name, components)
     except (Preempted, UsageError) as err:
         stop(runtime)  # every rank stopped here together: a clean teardown
         if isinstance(err, UsageError):
@@ -160,10 +165,11 @@ def _report_usage(err: UsageError, config: Config, name: str, runtime: Runtime,
                 runtime.rank == ranks[0])
 
 
-def _fit(task: Task, config: Config, runtime: Runtime, name: str) -> RunResult:
+def _fit(task: Task, config: Config, runtime: Runtime, name: str,
+         components: Sequence[Component]) -> RunResult:
     check_same_config(config, runtime)
     run_dir = run_dir_of(config, name)
-    trainer = Trainer(task, config, runtime, run_dir)
+    trainer = Trainer(task, config, runtime, run_dir, components)
     lease = take_lease(run_dir, runtime)
     try:
         return _train(trainer, config, runtime, name, lease)
@@ -189,13 +195,13 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
     recorder: Recorder | Fanout | None = None
     if runtime.is_main:
         record_config(config, run_dir)
-        trainer.progress.run_id = trainer.progress.run_id or new_run_id(name)
+        run_id = trainer.run_id(new_run_id(name))
         # Sinks first: a busy port must not leave a run recorded as running.
         sinks = open_sinks(tensorboard=config.monitor.tensorboard,
                            prometheus_port=config.monitor.prometheus_port,
                            prometheus_host=config.monitor.prometheus_host,
-                           run_id=trainer.progress.run_id, run_dir=run_dir)
-        recorder = Recorder(store_path(config), trainer.progress.run_id, name, config.to_dict(),
+                           run_id=run_id, run_dir=run_dir)
+        recorder = Recorder(store_path(config), run_id, name, config.to_dict(),
                             trainer.plan(), str(runtime.device), runtime.world_size)
         if sinks:
             recorder = Fanout(recorder, *sinks)

@@ -11,7 +11,7 @@ from tandem.config import PlanConfig
 from tandem.parallel.ddp import DDPStrategy
 from tandem.parallel.fsdp import FSDPStrategy
 from tandem.parallel.lowcomm import DiLoCoStrategy, LowCommStrategy
-from tandem.parallel.mesh import Layout
+from tandem.parallel.mesh import Layout, layout
 from tandem.parallel.strategy import Strategy
 from tandem.parallel.tensor import TensorParallelStrategy
 from tandem.runtime import Runtime
@@ -37,9 +37,17 @@ def strategy_name(plan: PlanConfig, world_size: int) -> str:
     return plan.strategy
 
 
+def plan_layout(plan: PlanConfig, runtime: Runtime) -> Layout:
+    """This rank's place on the plan's mesh: data-parallel processes shard the weights
+    under a strategy that shards them, else replicate them. All processes (tp > 1 builds
+    a device mesh)."""
+    shard = STRATEGIES[strategy_name(plan, runtime.world_size)].shards_weights
+    return layout(plan.tp, runtime.rank, runtime.world_size, runtime.device, shard=shard)
+
+
 def build_strategy(plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> Strategy:
     """The Strategy object of `plan` at this world size. All processes."""
     return STRATEGIES[strategy_name(plan, runtime.world_size)](plan, runtime, layout, seed)
 
 
-__all__ = ["STRATEGIES", "Strategy", "build_strategy", "strategy_name"]
+__all__ = ["STRATEGIES", "Strategy", "build_strategy", "plan_layout", "strategy_name"]

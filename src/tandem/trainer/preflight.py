@@ -21,6 +21,7 @@ from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from tandem.errors import PreflightError
 from tandem.task import Task
+from tandem.trainer.forward import outputs_of
 
 
 def agree(problem: str | None) -> None:
@@ -117,7 +118,7 @@ def check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None:
     try:
         with torch.no_grad(), autocast():
             outputs = _call("the model's forward on a training batch",
-                            lambda: task.run_forward(model, batch))
+                            lambda: outputs_of(task, model, batch))
             loss = _call("Task.loss", lambda: task.loss(outputs, batch))
             value = _scalar(loss, "Task.loss")
             for name, fn in task.metrics.items():

@@ -44,6 +44,11 @@ class Progress:
     rollbacks: int = 0
     lr_scale: float = 1.0  # product of fault.rollback_lr_scale over the rollbacks
 
+    def consume(self, size: int, dataset_len: int) -> None:
+        """A step of `size` samples was trained: move the cursor as the sampler did."""
+        self.cursor.take(size, dataset_len)
+        self.samples += size
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         state = {f.name: getattr(self, f.name) for f in fields(self)}
