@@ -29,7 +29,7 @@ from tandem.monitor.store import store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.task import Task
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted
-from tandem.trainer.loop import Trainer, export_model
+from tandem.trainer.loop import Trainer
 from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
 
 log = logging.getLogger("tandem")
@@ -222,7 +222,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
             summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = "completed"
-        return RunResult(model=export_model(trainer), summary=summary, run_dir=run_dir)
+        return RunResult(model=trainer.export(), summary=summary, run_dir=run_dir)
     except Interrupted:
         status = "interrupted"
         raise
@@ -259,7 +259,7 @@ def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResul
         log.info("run %r is already complete at step %d (summary below); raise train.steps "
                  "to continue it, or give another --run.name", name, trainer.state.step)
         print_summary(summary, Console(stderr=True))
-    return RunResult(model=export_model(trainer), summary=summary, run_dir=trainer.run_dir)
+    return RunResult(model=trainer.export(), summary=summary, run_dir=trainer.run_dir)
 
 
 def _scaling(config: Config, run_id: str, summary: dict[str, Any],

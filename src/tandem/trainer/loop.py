@@ -1,13 +1,9 @@
-"""The step engine: build the run from a Task and a Config, train, evaluate, checkpoint.
-
-The Trainer sequences the run's parts: the strategy (how the model is spread and how a
-step's passes run), the components (what capabilities add, in order) and the trainer's
-own state. The checkpoint's states and a rollback's set are derived from that one list.
-"""
+"""The step engine: a thin sequencer over the strategy (how the model is spread and a
+step's passes run), the run's components (in order) and the trainer's own state, whose
+one list gives the checkpoint's states and a rollback's set."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import time
@@ -17,31 +13,28 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint import CheckpointError, CheckpointManager, ModelWeights, OptimizerState
+from tandem.checkpoint import CheckpointError, CheckpointManager
 from tandem.components import Chain, Component, RunParts
-from tandem.components.base import Held, checkpoint_states, rollback_names
+from tandem.components.base import checkpoint_states, rollback_names
 from tandem.components.builtin import builtin
 from tandem.components.liveness import Liveness
-from tandem.config import Config, parse_ramp, parse_target
-from tandem.data.batches import BatchPlan
-from tandem.data.loader import to_device, train_batches
-from tandem.data.memory import held
-from tandem.data.sampler import GlobalBatchSampler, check_sizes
-from tandem.data.seqlen import SeqRamp
-from tandem.losses import training_task
+from tandem.config import Config, parse_target
+from tandem.data.loader import to_device
 from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
 from tandem.optim.schedule import LrController
 from tandem.parallel import build_strategy, plan_layout
-from tandem.runtime import Runtime, derive_seed, seed_all, seed_step
+from tandem.runtime import Runtime, seed_step
 from tandem.task import Task
 from tandem.trainer import preflight, restore
 from tandem.trainer.calibration import Calibration
+from tandem.trainer.data import build_data, micro_batches
 from tandem.trainer.evaluations import Evaluations
+from tandem.trainer.export import exported
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, PreemptionFlag, agree
 from tandem.trainer.precision import Precision
 from tandem.trainer.resumed import Resumed, optimizer_record
-from tandem.trainer.state import Progress, TrainState
+from tandem.trainer.state import Progress, TrainState, own_states
 from tandem.trainer.step import StepParts, StepRunner
 from tandem.trainer.summary import plan_of, summary_of
 from tandem.trainer.timing import RunClock, WindowClock
@@ -71,8 +64,10 @@ class Trainer:
     def _build(self) -> None:
         task, config, runtime = self.task, self.config, self.runtime
         with preflight.stage():
-            model = self._build_data_and_model()
-            model = self.components.transform_model(model, runtime.device)
+            self.data = data = build_data(task, config, self.layout.dp_size)
+            self.batches = data.batches
+            model = self.components.transform_model(self.strategy.build(task.model),
+                                                    runtime.device)
         self.model = self.strategy.distribute(model, task.tensor_parallel)
         with preflight.stage():
             self.optimizer = preflight.check_optimizer(task.optimizer(self.model.parameters()))
@@ -85,8 +80,8 @@ class Trainer:
                                    self.batches.size_at if self.batches.ramp else None)
             self.precision = Precision(config.precision, runtime.device)
             target = parse_target(config.train.target) if config.train.target else None
-            preflight.check_target(target, task.metrics, self.eval_dataset is not None)
-            batch = preflight.first_batch(self.dataset, list(range(self.batches.micro)))
+            preflight.check_target(target, task.metrics, data.eval_dataset is not None)
+            batch = preflight.first_batch(data.dataset, list(range(self.batches.micro)))
         batch = to_device(batch, runtime.device)
         with preflight.stage():
             preflight.check_step(task, self.strategy.module, batch, self.precision.autocast)
@@ -102,51 +97,22 @@ class Trainer:
             timing=config.monitor.timing, sharded=self.strategy.shards_weights,
             measures_comm=self.strategy.times_comm)
         self.steps = StepRunner(StepParts(
-            task=self.train_task, config=config, model=self.model, optimizer=self.optimizer,
+            task=data.train_task, config=config, model=self.model, optimizer=self.optimizer,
             params=self.params, strategy=self.strategy, precision=self.precision,
             monitor=self.monitor, batches=self.batches, device=runtime.device,
             components=self.components))
         self.calibration = Calibration(self.steps.p)
-        self.evaluations = Evaluations(task, self.eval_dataset, config, runtime, self.strategy,
+        self.evaluations = Evaluations(task, data.eval_dataset, config, runtime, self.strategy,
                                        self.precision, self.layout, self.components, target)
         # The trainer's own state, then the components': what a checkpoint holds, and
         # (those that say where the weights are) what a rollback restores.
-        parts = [Held("model", ModelWeights(self.model), True),
-                 Held("optim", OptimizerState(self.model, self.optimizer), True),
-                 Held("strategy", self.strategy, True), Held("precision", self.precision, True),
-                 Held("train", self.state, True), Held("progress", self.progress, False),
-                 *self.components.components]
+        parts = [*own_states(self.model, self.optimizer, self.strategy, self.precision,
+                             self.state, self.progress), *self.components.components]
         self.rollback_states = rollback_names(parts)
         self.checkpoints = CheckpointManager(
             self.run_dir / "checkpoints", checkpoint_states(parts), keep=config.checkpoint.keep,
             asynchronous=config.checkpoint.async_save, device=runtime.device,
             timeout_s=config.plan.timeout_s, hook=self.components.after_checkpoint)
-
-    def _build_data_and_model(self) -> torch.nn.Module:
-        """Batch split, datasets and the model factory: local checks only."""
-        task, train = self.task, self.config.train
-        ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
-        self.batches = BatchPlan.of(train.global_batch, train.micro_batch, self.layout.dp_size,
-                                    ramp)
-        if self.config.plan.static_graph and (self.batches.accum > 1 or ramp):
-            raise ValueError(
-                f"plan.static_graph: true with {self.batches.accum} accumulation passes a "
-                "step (or a batch ramp) fails inside DDP's reducer, which expects every "
-                "parameter once per step; keep one: static_graph false, or train.micro_batch 0")
-        # Same value on every rank and at every world size: the same data and the same
-        # initial weights as a one-process run.
-        seed_all(derive_seed("build", self.config.run.seed))
-        self.train_task = training_task(task, train.label_smoothing)
-        self.dataset = task.train_data()
-        preflight.check_dataset(self.dataset, "train_data")
-        self.dataset = held(self.dataset, self.config.data, "train_data")
-        for size in self.batches.sizes:
-            check_sizes(len(self.dataset), size, self.batches.micro * self.layout.dp_size)  # type: ignore[arg-type]
-        self.eval_dataset = task.eval_data() if task.eval_data is not None else None
-        if self.eval_dataset is not None:
-            preflight.check_dataset(self.eval_dataset, "eval_data")
-            self.eval_dataset = held(self.eval_dataset, self.config.data, "eval_data")
-        return self.strategy.build(task.model)
 
     def plan(self) -> dict[str, Any]:
         """The execution plan in force: how the work is spread and computed."""
@@ -158,15 +124,13 @@ class Trainer:
         self.progress.run_id = self.progress.run_id or fresh
         return self.progress.run_id
 
-    # ------------------------------------------------------------ checkpoints
     def resume(self) -> Resumed:
         """Load the latest good checkpoint as `run.resume` says (`restore.resume`). All ranks."""
-        cfg = self.config
+        train = self.config.train
         loaded = restore.resume(
-            self.checkpoints, cfg, self.run_dir, optimizer_record(self.optimizer),
-            self.components.optional,
-            lambda: self.state.step >= cfg.train.steps or (
-                cfg.train.stop_at_target and self.progress.target_reached is not None))
+            self.checkpoints, self.config, self.run_dir, optimizer_record(self.optimizer),
+            self.components.optional, lambda: self.state.step >= train.steps or (
+                train.stop_at_target and self.progress.target_reached is not None))
         for name in loaded.fresh:  # e.g. averaging switched on at this resume
             self.components.named(name).fresh_start()
         if loaded.resumed.path is not None:
@@ -181,6 +145,7 @@ class Trainer:
 
     def save(self, reporter: Reporter, clock: RunClock) -> None:
         """Start a checkpoint of the current state; record how long the step waited."""
+        self.components.at("checkpoint", self.state.step)
         self.progress.elapsed_s = clock.elapsed()
         self.checkpoints.lineage = self.progress.run_id
         blocked = self.checkpoints.save(self.state.step, {
@@ -202,18 +167,11 @@ class Trainer:
             Path(status_file).write_text(f"{kind} {self.state.step}\n")
         raise (Interrupted if interrupt else Preempted)(self.state.step, str(path))
 
-    # -------------------------------------------------------------------- run
     def run(self, reporter: Reporter) -> dict[str, Any]:
         """Train to `train.steps`, evaluating and checkpointing on schedule. All ranks."""
-        cfg, rt, progress, plan = self.config, self.runtime, self.progress, self.batches
-        sampler = GlobalBatchSampler(
-            dataset_len=len(self.dataset),  # type: ignore[arg-type]
-            global_batch=plan.global_batch, accum=plan.accum, rank=self.layout.dp_rank,
-            world_size=self.layout.dp_size, seed=cfg.run.seed, cursor=progress.cursor,
-            batch_at=plan.size_at if plan.ramp else None, step=self.state.step)
-        batches = train_batches(self.dataset, sampler, cfg.data, rt.device)
-        if cfg.train.seq_ramp:
-            batches = SeqRamp(cfg.train.seq_ramp).apply(batches, lambda: self.state.step)
+        cfg, progress = self.config, self.progress
+        batches = micro_batches(self.data, cfg, self.layout.dp_rank, progress.cursor,
+                                self.state.step, self.runtime.device, lambda: self.state.step)
         clock, window = RunClock(progress.elapsed_s), WindowClock()
         self.started_at = time.time()
         self.model.train()
@@ -221,11 +179,11 @@ class Trainer:
         # measures again (its size, its link and its step may be another run's).
         first = self.state.step
         while self.state.step < cfg.train.steps and not self.stopped_at_target:
-            self._one_step(batches, window, reporter, sampler.dataset_len)
+            self._one_step(batches, window, reporter, len(self.data.dataset))
             window.pause()  # logging, evaluation and checkpoints are not training time
             if self.state.step - first == cfg.monitor.calibrate_at:
-                self.calibration.run(self.steps.last_batch, plan.accum, self.state.step,
-                                     reporter)
+                self.calibration.run(self.steps.last_batch, self.batches.accum,
+                                     self.state.step, reporter)
             if self.state.step % cfg.monitor.log_every == 0 or self.state.step == cfg.train.steps:
                 self._log_window(window, reporter, clock)
             else:
@@ -249,8 +207,7 @@ class Trainer:
         size = self.batches.size_at(state.step)
         started = time.perf_counter()
         loss, norm, skipped, passes = self.steps.run(batches, state.step)
-        window.steps += 1
-        window.passes += passes
+        window.add_step(passes)
         state.step += 1
         # Step time includes a low-communication meeting, as the window's time/step does.
         self.monitor.clock.begin("comm", on_device=True)
@@ -293,16 +250,12 @@ class Trainer:
                            f"loss spike at step {decision.rollback_before}", reporter)
 
     def _on_schedule(self, last: bool, reporter: Reporter, clock: RunClock) -> None:
-        """Checkpoint and evaluate when the config says so.
-
-        The run's last checkpoint is taken before its last evaluation (which then
-        overlaps the background write): an evaluation that fails cannot lose training.
-        """
+        """Checkpoint and evaluate when the config says so. The last checkpoint is taken
+        before the last evaluation (which overlaps its write): a failing one loses nothing."""
         cfg, step, evals = self.config, self.state.step, self.evaluations
         every = cfg.checkpoint.every
         save_now = (every and step % every == 0) or (last and cfg.checkpoint.at_end)
         if save_now and last:
-            self.components.at("checkpoint", step)
             self.save(reporter, clock)
         if evals.due(step, last):
             reached = (evals.final(step, self.progress, reporter, clock, self.checkpoints)
@@ -315,7 +268,6 @@ class Trainer:
                     self.save(reporter, clock)
                 return
         if save_now and not last:
-            self.components.at("checkpoint", step)
             self.save(reporter, clock)
 
     def close(self) -> None:
@@ -328,10 +280,14 @@ class Trainer:
             self.components.close()
             self.preemption.close()
 
+    def export(self) -> torch.nn.Module | None:
+        """The trained model, owned by no process group (`exported`). All ranks."""
+        return exported(self.strategy, self.task.model, self.components)
+
     def describe_ranks(self) -> str:
         """Where every rank was last seen (for hang reports)."""
-        live = [c for c in self.components.components if isinstance(c, Liveness)]
-        return live[0].describe() if live else "no liveness records"
+        return next((c.describe() for c in self.components.components
+                     if isinstance(c, Liveness)), "no liveness records")
 
     def summary(self) -> dict[str, Any]:
         """The run's outcome as JSON-ready values."""
@@ -340,12 +296,3 @@ class Trainer:
                           self.monitor.percentiles(), self.task.tokens_per_sample,
                           self.started_at)
 
-
-def export_model(trainer: Trainer) -> torch.nn.Module | None:
-    """The trained weights (as the components' evaluation context shows them: their average
-    under train.ema_decay) in a plain module that no process group owns. All ranks."""
-    with trainer.components.evaluating():
-        model = trainer.strategy.export_model(trainer.task.model)
-        if trainer.components.swaps_weights and model is trainer.strategy.module:
-            model = copy.deepcopy(model)  # the live module gets its own weights back
-    return model
