@@ -29,18 +29,12 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
-
-class Stateful(Protocol):
-    """Anything with a state that a checkpoint keeps (DCP's `Stateful`)."""
-
-    def state_dict(self) -> dict[str, Any]: ...  # noqa: D102
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...  # noqa: D102
+from tandem.checkpoint import Stateful
 
 
 @dataclass(frozen=True)
