@@ -277,8 +277,10 @@ class Trainer:
         except CheckpointError as err:
             log.error("%s", err)
         finally:
-            self.components.close()
-            self.preemption.close()
+            try:
+                self.components.close()
+            finally:
+                self.preemption.close()
 
     def export(self) -> torch.nn.Module | None:
         """The trained model, owned by no process group (`exported`). All ranks."""
