@@ -70,7 +70,8 @@ class Component:
         return model
 
     def setup(self, parts: RunParts) -> None:
-        """Take hold of the distributed model and the optimizer. All ranks."""
+        """Take hold of the distributed model and the optimizer, before any forward (FSDP2
+        swaps the parameters a module registers while it runs one). All ranks."""
 
     def before_step(self, step: int) -> None:
         """Before optimizer step `step` (steps done so far) begins."""

@@ -82,11 +82,12 @@ class Trainer:
             target = parse_target(config.train.target) if config.train.target else None
             preflight.check_target(target, task.metrics, data.eval_dataset is not None)
             batch = preflight.first_batch(data.dataset, list(range(self.batches.micro)))
+        # Before any forward: FSDP2 leaves its unsharded parameters registered after one.
+        self.components.setup(RunParts(self.model, self.strategy.module, self.optimizer,
+                                       runtime.device, self.strategy.weights_replaced))
         batch = to_device(batch, runtime.device)
         with preflight.stage():
             preflight.check_step(task, self.strategy.module, batch, self.precision.autocast)
-        self.components.setup(RunParts(self.model, self.strategy.module, self.optimizer,
-                                       runtime.device, self.strategy.weights_replaced))
         self.state, self.progress = TrainState(), Progress()
         self.started_at: float | None = None  # when this attempt's training began
         self.stopped_at_target = False  # train.stop_at_target ended the run early
@@ -245,9 +246,8 @@ class Trainer:
             self.calibration.relink(self.state.step, reporter)
         if decision.stop:
             self._stop(reporter, clock, decision.stop == PreemptionFlag.INTERRUPT)
-        if decision.rollback_before:
-            self._rollback(decision.rollback_before,
-                           f"loss spike at step {decision.rollback_before}", reporter)
+        if bad := decision.rollback_before:
+            self._rollback(bad, f"loss spike at step {bad}", reporter)
 
     def _on_schedule(self, last: bool, reporter: Reporter, clock: RunClock) -> None:
         """Checkpoint and evaluate when the config says so. The last checkpoint is taken
