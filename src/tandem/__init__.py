@@ -8,18 +8,20 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tandem.components import Component
     from tandem.config import Config
     from tandem.fit import RunResult, fit
     from tandem.losses import CrossEntropy
     from tandem.task import Task
 
-__all__ = ["Config", "CrossEntropy", "RunResult", "Task", "fit"]
+__all__ = ["Component", "Config", "CrossEntropy", "RunResult", "Task", "fit"]
 __version__ = "0.1.0"
 
 # The public names load on first use, so that the command line (`tandem run`, `tandem
 # queue`, ...) starts without importing torch: the launcher only starts processes.
-_HOMES = {"Config": "tandem.config", "CrossEntropy": "tandem.losses",
-          "RunResult": "tandem.fit", "fit": "tandem.fit", "Task": "tandem.task"}
+_HOMES = {"Component": "tandem.components", "Config": "tandem.config",
+          "CrossEntropy": "tandem.losses", "RunResult": "tandem.fit", "fit": "tandem.fit",
+          "Task": "tandem.task"}
 
 
 def __getattr__(name: str) -> Any:

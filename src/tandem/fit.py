@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import torch.distributed as dist
 from rich.console import Console
 from torch import nn
 
+from tandem.components import Component
 from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
@@ -29,7 +31,7 @@ from tandem.status import ExitStatus, RunStatus
 from tandem.task import Task
 from tandem.trainer.evaluate import EvaluationError
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, StartupInterrupt
-from tandem.trainer.loop import Trainer, export_model
+from tandem.trainer.loop import Trainer
 from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
 
 log = logging.getLogger("tandem")
@@ -77,7 +79,8 @@ def config_from_argv(argv: list[str], defaults: dict[str, Any] | None = None) ->
 
 
 def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
-        defaults: dict[str, Any] | None = None) -> RunResult:
+        defaults: dict[str, Any] | None = None,
+        components: Sequence[Component] = ()) -> RunResult:
     """Train `task` on every process of the job; return the trained model and a summary.
 
     Must be called on all processes. Without `config`, the settings come from `argv`
@@ -87,19 +90,20 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
     stops every process before anything is written for the run: with a `config`, as a
     UsageError (a ValueError) on every process; from the command line, as one message
     printed once and exit status 2. Ctrl-C stops at the next step boundary with a
-    checkpoint (exit status 130), SIGTERM likewise (75).
+    checkpoint (exit status 130), SIGTERM likewise (75). `components` are added to the
+    run after the task's own (`Task.components`), each a `tandem.Component`.
     """
     STARTUP.begin()
     if config is not None:
         config = validate(config)
         check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
-        return _run(task, config, script=False)
+        return _run(task, config, script=False, components=components)
     try:
         config = config_from_argv(sys.argv[1:] if argv is None else argv, defaults)
         check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
     except ValueError as err:
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
-    return _run(task, config, script=True)
+    return _run(task, config, script=True, components=components)
 
 
 def _usage_exit(message: str, speak: bool) -> None:
@@ -119,10 +123,11 @@ def _usage_exit(message: str, speak: bool) -> None:
     raise SystemExit(ExitStatus.USAGE)
 
 
-def _run(task: Task, config: Config, script: bool) -> RunResult:
+def _run(task: Task, config: Config, script: bool,
+         components: Sequence[Component] = ()) -> RunResult:
     startup = StartupInterrupt()
     try:
-        return _start_and_fit(task, config, script, startup)
+        return _start_and_fit(task, config, script, startup, components)
     except BaseException:
         if not (startup.received and script):
             raise
@@ -134,7 +139,7 @@ def _run(task: Task, config: Config, script: bool) -> RunResult:
 
 
 def _start_and_fit(task: Task, config: Config, script: bool,
-                   startup: StartupInterrupt) -> RunResult:
+                   startup: StartupInterrupt, components: Sequence[Component]) -> RunResult:
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     try:
         with STARTUP.part("runtime"):
@@ -145,7 +150,7 @@ def _start_and_fit(task: Task, config: Config, script: bool,
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
     _setup_logging(runtime)
     try:
-        result = _fit(task, config, runtime, name, startup)
+        result = _fit(task, config, runtime, name, startup, components)
     except (Preempted, UsageError) as err:
         stop(runtime)  # every rank stopped here together: a clean teardown
         if isinstance(err, UsageError):
@@ -196,11 +201,11 @@ def _report_usage(err: UsageError, runtime: Runtime, script: bool) -> None:
 
 
 def _fit(task: Task, config: Config, runtime: Runtime, name: str,
-         startup: StartupInterrupt) -> RunResult:
+         startup: StartupInterrupt, components: Sequence[Component]) -> RunResult:
     check_same_config(config, runtime)
     run_dir = run_dir_of(config, name)
     with STARTUP.part("build"):
-        trainer = Trainer(task, config, runtime, run_dir)
+        trainer = Trainer(task, config, runtime, run_dir, components)
     startup.close()  # the trainer's PreemptionFlag has taken Ctrl-C over
     lease = take_lease(run_dir, runtime)
     try:
@@ -229,13 +234,13 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
     fresh = not trainer.progress.run_id  # a resume keeps its record whatever happens
     if runtime.is_main:
         record_config(config, run_dir)
-        trainer.progress.run_id = trainer.progress.run_id or new_run_id(name)
+        run_id = trainer.run_id(new_run_id(name))
         # Sinks first: a busy port must not leave a run recorded as running.
         sinks = open_sinks(tensorboard=config.monitor.tensorboard,
                            prometheus_port=config.monitor.prometheus_port,
                            prometheus_host=config.monitor.prometheus_host,
-                           run_id=trainer.progress.run_id, run_dir=run_dir)
-        recorder = Recorder(store_path(config), trainer.progress.run_id, name, config.to_dict(),
+                           run_id=run_id, run_dir=run_dir)
+        recorder = Recorder(store_path(config), run_id, name, config.to_dict(),
                             trainer.plan(), str(runtime.device), runtime.world_size)
         if sinks:
             recorder = Fanout(recorder, *sinks)
@@ -260,7 +265,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
             summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = RunStatus.COMPLETED
-        return RunResult(model=export_model(trainer), summary=summary, run_dir=run_dir)
+        return RunResult(model=trainer.export(), summary=summary, run_dir=run_dir)
     except Interrupted:
         status = RunStatus.INTERRUPTED
         raise
@@ -317,7 +322,7 @@ def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResul
         log.info("run %r is already complete at step %d (summary below); raise train.steps "
                  "to continue it, or give another --run.name", name, trainer.state.step)
         print_summary(summary, Console(stderr=True))
-    return RunResult(model=export_model(trainer), summary=summary, run_dir=trainer.run_dir)
+    return RunResult(model=trainer.export(), summary=summary, run_dir=trainer.run_dir)
 
 
 def _scaling(config: Config, run_id: str, summary: dict[str, Any],

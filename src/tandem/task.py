@@ -56,6 +56,10 @@ class Task:
     group; the row-wise layer that follows takes that shard and sums the partial outputs.
     The model's forward must work on the local shard (e.g. count heads from the local
     width: ``view(b, t, -1, head_dim)``, not ``view(b, t, heads, -1)``).
+
+    ``components`` (optional) makes the run's own components (``tandem.Component``:
+    freeze parameters, add a term to the loss, keep a state in checkpoints), after the
+    ones the config asks for; ``fit(..., components=[...])`` adds more after these.
     """
 
     model: Callable[[], nn.Module]
@@ -69,12 +73,13 @@ class Task:
     tensor_parallel: Mapping[str, str] | None = None
     eval_views: Callable[[Batch], Sequence[Batch]] | None = None
     collate: Callable[[list[Any]], Batch] | None = None
+    components: Callable[[], Sequence[Any]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "optimizer", "train_data", "loss"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable, got {getattr(self, name)!r}")
-        for name in ("eval_data", "eval_views", "collate"):
+        for name in ("eval_data", "eval_views", "collate", "components"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable or None, got "
                                  f"{getattr(self, name)!r}")

@@ -142,7 +142,7 @@ def test_char_lm_muon_recipe_is_the_examples_default() -> None:
 def test_hand_written_average_is_tandems() -> None:
     import ddp_loop
 
-    from tandem.trainer.ema import WeightAverage
+    from tandem.components.ema import WeightAverage
 
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)

@@ -16,6 +16,7 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset, default_collate
 
 import tandem
+from tandem.components.ema import decay_at
 from tandem.config import OptimConfig, load
 from tandem.data.memory import MemoryDataset
 from tandem.data.sampler import epoch_order
@@ -23,7 +24,6 @@ from tandem.data.seqlen import SeqRamp, cut
 from tandem.errors import UsageError
 from tandem.optim.schedule import lr_multiplier
 from tandem.runtime import derive_seed
-from tandem.trainer.ema import decay_at
 
 N, DIM, CLASSES = 96, 8, 4
 

@@ -14,7 +14,8 @@ from tandem.runtime import derive_seed
 class Cursor:
     """Position in the global sample stream: the epoch and the samples used of it.
 
-    The trainer keeps its own cursor in step with the sampler's and checkpoints it.
+    The sampler keeps its own (it runs ahead of training, into the prefetched batches);
+    the trainer's, checkpointed, moves by the same `take` as each step ends.
     Because it counts samples, not steps, a resume at another world size, micro-batch
     or global batch continues at the same sample.
     """
@@ -105,7 +106,7 @@ class GlobalBatchSampler:
             epoch, start = self.cursor.take(size, self.dataset_len)
             batch = self._epoch_order(epoch)[start : start + size]
             mine = batch[rank_slice(size, self.rank, self.world_size)].tolist()
-            for k in range(size // (self.world_size * micro)):
+            for k in range(micro_batches_in(size, micro, self.world_size)):
                 yield mine[k * micro : (k + 1) * micro]
 
 
@@ -128,6 +129,12 @@ def check_sizes(dataset_len: int, global_batch: int, parts: int) -> None:
 def eval_shard(dataset_len: int, rank: int, world_size: int) -> range:
     """Contiguous, disjoint evaluation indices of one rank; together they cover all."""
     return range(rank * dataset_len // world_size, (rank + 1) * dataset_len // world_size)
+
+
+def micro_batches_in(size: int, micro: int, world_size: int) -> int:
+    """Micro-batches of `micro` samples each of `world_size` ranks passes in a global
+    batch of `size`."""
+    return size // (world_size * micro)
 
 
 def split_batch(global_batch: int, micro_batch: int, world_size: int) -> tuple[int, int]:

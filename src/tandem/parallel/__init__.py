@@ -38,6 +38,16 @@ def strategy_name(plan: PlanConfig, world_size: int) -> str:
     return plan.strategy
 
 
+def plan_layout(plan: PlanConfig, runtime: Runtime) -> Layout:
+    """This rank's place on the plan's mesh: data-parallel processes shard the weights
+    under a strategy that shards them, else replicate them. All processes (tp > 1 builds
+    a device mesh)."""
+    from tandem.parallel.mesh import layout
+
+    shard = REGISTRY[strategy_name(plan, runtime.world_size)].load().shards_weights
+    return layout(plan.tp, runtime.rank, runtime.world_size, runtime.device, shard=shard)
+
+
 def build_strategy(plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> Strategy:
     """The Strategy object of `plan` at this world size. All processes."""
     return REGISTRY[strategy_name(plan, runtime.world_size)].load()(plan, runtime, layout, seed)
@@ -52,4 +62,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["STRATEGIES", "Strategy", "build_strategy", "strategy_name"]
+__all__ = ["STRATEGIES", "Strategy", "build_strategy", "plan_layout", "strategy_name"]

@@ -1,23 +1,59 @@
-"""This rank's place on the (data-parallel x tensor-parallel) mesh of the world."""
+"""This rank's place on the N-dimensional mesh of the world.
+
+The mesh's axes, outermost first, are pipeline stages (`pp`), data-parallel replicas
+(`dp_replicate`: each holds whole weights, DDP), data-parallel shards (`dp_shard`: the
+weights split over them, FSDP) and tensor-parallel peers (`tp`). A rank's data-parallel
+index counts over both data axes: the data it reads depends on it only. Pipeline
+parallelism is not built yet: `pp` is 1.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+AXES = ("pp", "dp_replicate", "dp_shard", "tp")
+
 
 @dataclass(frozen=True)
 class Layout:
-    """This rank's place on the (dp, tp) mesh."""
+    """This rank's place on the (pp, dp_replicate, dp_shard, tp) mesh."""
 
-    dp_rank: int
-    dp_size: int
-    tp_rank: int
-    tp_size: int
-    mesh: DeviceMesh | None = None  # None when tp_size == 1
+    sizes: tuple[int, int, int, int]  # processes along each of AXES
+    coords: tuple[int, int, int, int]  # this rank's index along each of AXES
+    mesh: DeviceMesh | None = None  # the (dp, tp) device mesh; None when tp_size == 1
+
+    def size(self, axis: str) -> int:
+        """Processes along `axis` (one of AXES)."""
+        return self.sizes[AXES.index(axis)]
+
+    def index(self, axis: str) -> int:
+        """This rank's index along `axis` (one of AXES)."""
+        return self.coords[AXES.index(axis)]
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel processes: replicas x shards."""
+        return self.size("dp_replicate") * self.size("dp_shard")
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel index (which part of each global batch it reads)."""
+        return self.index("dp_replicate") * self.size("dp_shard") + self.index("dp_shard")
+
+    @property
+    def tp_size(self) -> int:
+        """Tensor-parallel peers of one replica."""
+        return self.size("tp")
+
+    @property
+    def tp_rank(self) -> int:
+        """This rank's index among its tensor-parallel peers."""
+        return self.index("tp")
 
     @property
     def dp_group(self) -> dist.ProcessGroup | None:
@@ -30,16 +66,30 @@ class Layout:
         return None if self.mesh is None else self.mesh["tp"]
 
 
-def layout(tp: int, rank: int, world_size: int, device: torch.device) -> Layout:
-    """The (dp, tp) layout of `world_size` ranks; builds the device mesh when tp > 1."""
+def coords_of(rank: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """A rank's index along each axis, the last axis varying fastest."""
+    out = []
+    for size in reversed(sizes):
+        out.append(rank % size)
+        rank //= size
+    return tuple(reversed(out))
+
+
+def layout(tp: int, rank: int, world_size: int, device: torch.device,
+           shard: bool = False) -> Layout:
+    """The layout of `world_size` ranks with `tp` tensor-parallel peers per replica; the
+    data-parallel processes are shards of the weights (`shard`, FSDP) or replicas. Builds
+    the device mesh when tp > 1."""
     if tp < 1:
         raise ValueError(f"plan.tp: {tp} must be >= 1")
     if world_size % tp:
         raise ValueError(f"plan.tp: {tp} does not divide the {world_size} processes; use a "
                          f"divisor of {world_size} (each data-parallel replica is split over "
                          "plan.tp processes)")
-    if tp == 1:
-        return Layout(dp_rank=rank, dp_size=world_size, tp_rank=0, tp_size=1)
-    mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
-    return Layout(dp_rank=rank // tp, dp_size=world_size // tp, tp_rank=rank % tp,
-                  tp_size=tp, mesh=mesh)
+    dp = world_size // tp
+    sizes = (1, 1, dp, tp) if shard else (1, dp, 1, tp)
+    assert math.prod(sizes) == world_size
+    coords = coords_of(rank, sizes)
+    mesh = (None if tp == 1 else
+            init_device_mesh(device.type, (dp, tp), mesh_dim_names=("dp", "tp")))
+    return Layout(sizes=sizes, coords=coords, mesh=mesh)  # type: ignore[arg-type]

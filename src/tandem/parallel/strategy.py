@@ -1,18 +1,20 @@
 """The Strategy protocol: how one plan spreads the model, and what it does around a step.
 
 A Strategy is built once from the plan (`build_strategy`) and owns everything the
-trainer would otherwise branch on: how the model is built and wrapped (`wrap`), how
-accumulation micro-batches skip synchronisation (`no_sync`), what runs after the last
-backward and after the optimizer step, what it sent (`window_figures`), its own state in
-checkpoints, and the plain module handed back at the end (`export_model`). The trainer
-calls these hooks in the same order for every plan and never asks for a name.
+trainer would otherwise branch on: how the model is built and wrapped (`wrap`), the
+step's forward and backward passes over its micro-batches (`forward_backward`, which a
+pipeline schedule overrides; the default skips synchronisation on all but the last
+micro-batch with `no_sync`), what runs after the last backward and after the optimizer
+step, what it sent (`window_figures`), its own state in checkpoints, and the plain
+module handed back at the end (`export_model`). The trainer calls these hooks in the
+same order for every plan and never asks for a name.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -21,14 +23,24 @@ from tandem.clocks import Mark
 from tandem.config import PlanConfig
 from tandem.parallel import deferred
 from tandem.parallel.checks import check_model
-from tandem.parallel.compiled import maybe_compile
 from tandem.parallel.host_allreduce import SharedMemoryGroup
 from tandem.parallel.mesh import Layout
-from tandem.parallel.recompute import checkpoint_blocks
+from tandem.parallel.registry import SINGLE, StrategyInfo
 from tandem.runtime import Runtime
 
 Build = Callable[[], nn.Module]
 Pass = Callable[[bool], None]  # one forward+backward, synchronising gradients or not
+LossOf = Callable[[Any], torch.Tensor]  # a micro-batch's loss, forward included
+Backward = Callable[[torch.Tensor], None]  # backward of a loss (a scaler's, under fp16)
+
+
+class MicroBatches(Sized, Iterable[Any], Protocol):
+    """The step's micro-batches: their number is known before the first is drawn."""
+
+
+def plain_backward(loss: torch.Tensor) -> None:
+    """`loss.backward()`."""
+    loss.backward()
 
 
 class Strategy:
@@ -38,7 +50,8 @@ class Strategy:
     process does (nothing). All hooks must be called on all processes.
     """
 
-    name: ClassVar[str] = "single"
+    info: ClassVar[StrategyInfo] = SINGLE
+    name: ClassVar[str] = SINGLE.name
     shards_weights: ClassVar[bool] = False  # each rank holds only a part of the weights
     # Deferred init: whether `_wrap` needs real values (DDP broadcasts them) or can take
     # meta parameters and have them materialised afterwards, shard by shard (FSDP, TP).
@@ -82,13 +95,9 @@ class Strategy:
         return model
 
     def _prepare(self, model: nn.Module, tensor_plan: Mapping[str, str] | None) -> nn.Module:
-        """Recompute, split and compile as the plan says, before any wrapper."""
-        if self.plan.activation_checkpointing:
-            checkpoint_blocks(model)
-        model = self._split(model, tensor_plan)
-        if self.plan.compile:
-            maybe_compile(model, self.runtime.device)
-        return model
+        """Split as the plan says, before any wrapper (the run's components changed the
+        module before: recomputation, compilation, frozen parameters)."""
+        return self._split(model, tensor_plan)
 
     def _split(self, model: nn.Module, tensor_plan: Mapping[str, str] | None) -> nn.Module:
         """Tensor-parallel layouts split layers here; others leave the module as it is."""
@@ -105,6 +114,31 @@ class Strategy:
         return self.model
 
     # ------------------------------------------------------------ each step
+    def forward_backward(self, micro_batches: MicroBatches, loss_of: LossOf,
+                         backward: Backward = plain_backward, probe: bool = False,
+                         sync: bool = True) -> torch.Tensor:
+        """Forward and backward over the step's micro-batches, accumulating gradients;
+        return the sum of their losses (detached, fp32).
+
+        Each backward is of the loss / the number of micro-batches: with the mean over
+        ranks after it, the gradient of the mean loss over the whole global batch. Every
+        micro-batch but the last runs in `no_sync`; the last synchronises (unless `sync`
+        is false: a pass timed without communication) with the gradient probe armed when
+        `probe`. A pipeline schedule, which orders the passes itself, overrides this.
+        All ranks.
+        """
+        count = len(micro_batches)
+        total = torch.zeros((), device=self.runtime.device)
+        for k, batch in enumerate(micro_batches):
+            last = k == count - 1
+            with contextlib.nullcontext() if last and sync else self.no_sync():
+                loss = loss_of(batch)
+                if probe and last:
+                    self.arm_gradient_probe()
+                backward(loss / count)
+            total += loss.detach().float()
+        return total
+
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """A context for accumulation micro-batches that skips gradient synchronisation."""
         return contextlib.nullcontext()

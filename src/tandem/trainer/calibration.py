@@ -12,7 +12,6 @@ never takes the calibration's total cost over RELINK_SHARE of the run's wall tim
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 import time
@@ -22,9 +21,11 @@ import torch
 import torch.distributed as dist
 
 from tandem.monitor.calibrate import calibrate, link_cost
+from tandem.monitor.catalogue import COMM_ALLREDUCE_RATE, TIME_CALIBRATION
 from tandem.monitor.flops import step_signature
 from tandem.monitor.progress import Reporter
 from tandem.monitor.system import state_bytes
+from tandem.trainer.forward import forward_loss
 from tandem.trainer.step import StepParts
 
 log = logging.getLogger("tandem")
@@ -88,7 +89,7 @@ class Calibration:
         host = parts.strategy.shared_memory()
         self.all_reduce = host.all_reduce if host is not None else dist.all_reduce
 
-    def run(self, batch: object, accum: int, reporter: Reporter) -> None:
+    def run(self, batch: object, accum: int, step: int, reporter: Reporter) -> None:
         """Measure FLOPs, peak and the link on `batch` (the last micro-batch). All ranks.
 
         The one pass changes nothing the run keeps: no optimizer step, gradients cleared,
@@ -100,12 +101,12 @@ class Calibration:
         model, task, strategy = p.model, p.task, p.strategy
         buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
 
+        def loss_of(batch: object) -> torch.Tensor:
+            with p.precision.autocast():
+                return forward_loss(task, model, batch)[1]
+
         def one_pass(sync: bool) -> None:
-            context = contextlib.nullcontext() if sync else strategy.no_sync()
-            with context:
-                with p.precision.autocast():
-                    loss = task.loss(task.run_forward(model, batch), batch)
-                loss.backward()
+            strategy.forward_backward([batch], loss_of, sync=sync)
             p.optimizer.zero_grad(set_to_none=True)
 
         signature = step_signature(
@@ -114,10 +115,10 @@ class Calibration:
         try:
             with strategy.calibrating(one_pass):
                 figures = calibrate(one_pass, device=p.device,
-                                    world_size=p.layout.dp_size, accum=accum,
+                                    world_size=p.batches.dp_size, accum=accum,
                                     grad_bytes=self.grad_bytes,
                                     precision=p.config.precision.mode,
-                                    communicates=p.layout.dp_size > 1,
+                                    communicates=p.batches.dp_size > 1,
                                     signature=signature,
                                     all_reduce=self.all_reduce, spent=self.parts)
         finally:
@@ -127,26 +128,26 @@ class Calibration:
         figures.update(state_bytes(model, p.optimizer))
         p.monitor.static.update(figures)
         self.seconds += added_to_run(time.perf_counter() - started, p.device)
-        reporter.record(p.state.step, {**figures, "time/calibration_s": self.seconds})
+        reporter.record(step, {**figures, TIME_CALIBRATION: self.seconds})
 
     def drifted(self, step_s: float) -> bool:
         """Whether the step time (rank 0's view, one window's) has drifted from where the
         link was measured (`DriftWatch`) and a new measurement keeps calibration within
         RELINK_SHARE of the run's wall time so far."""
-        if "comm/allreduce_bytes_per_s" not in self.p.monitor.static:
+        if COMM_ALLREDUCE_RATE not in self.p.monitor.static:
             return False
         if not self.watch.update(step_s):
             return False
         return self.seconds <= RELINK_SHARE * (time.perf_counter() - self.started)
 
-    def relink(self, reporter: Reporter) -> None:
+    def relink(self, step: int, reporter: Reporter) -> None:
         """Measure the link's cost again (the ranks agreed to). All ranks."""
         started = time.perf_counter()
         figures = link_cost(self.grad_bytes, self.p.device, all_reduce=self.all_reduce)
         self.p.monitor.static.update(figures)
         self.seconds += added_to_run(time.perf_counter() - started, self.p.device)
-        reporter.record(self.p.state.step, {**figures, "time/calibration_s": self.seconds})
-        reporter.event(self.p.state.step, "recalibrated",
+        reporter.record(step, {**figures, TIME_CALIBRATION: self.seconds})
+        reporter.event(step, "recalibrated",
                        f"the step time of the last {self.watch.windows} windows drifted more "
                        f"than {DRIFT:.0%} from where the link's cost was measured: measured "
                        "again")

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from tandem.status import ExitStatus
+from tandem.status import ExitStatus, RunStatus
 
 if TYPE_CHECKING:
     import torch
+
+    from tandem.monitor.progress import Reporter
 
 
 log = logging.getLogger("tandem")
@@ -154,3 +158,20 @@ def agree(stop: int, rollback_before: int, device: torch.device,
                          dtype=torch.float64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return Decision(int(flags[0].item()), int(flags[1].item()), bool(flags[2].item()))
+
+
+def stop_committed(step: int, path: str, interrupt: bool, is_main: bool,
+                   reporter: Reporter) -> NoReturn:
+    """Stop at a step boundary whose checkpoint `path` is committed, with a resumable
+    status: Interrupted (Ctrl-C) or Preempted (SIGTERM; the scheduler's cancel and resize
+    say so in the event). All ranks."""
+    kind = RunStatus.INTERRUPTED if interrupt else RunStatus.PREEMPTED
+    from tandem.sched.attempt import scheduler_stop  # a cancel is not a preemption
+
+    words, then = (None if interrupt else scheduler_stop()) or (
+        kind, "run the same command again to continue")
+    reporter.event(step, kind, f"{words}: checkpoint {path} committed at step {step}; {then}")
+    status_file = os.environ.get(STATUS_FILE_ENV)
+    if status_file and is_main:  # how `tandem run` learns why it stopped
+        Path(status_file).write_text(f"{kind} {step}\n")
+    raise (Interrupted if interrupt else Preempted)(step, path)

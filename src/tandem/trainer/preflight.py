@@ -20,8 +20,10 @@ from torch import nn
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from tandem.errors import PreflightError
+from tandem.monitor.catalogue import EVAL_LOSS
 from tandem.monitor.startup import STARTUP
 from tandem.task import Task
+from tandem.trainer.forward import outputs_of
 
 
 def agree(problem: str | None) -> None:
@@ -129,7 +131,7 @@ def _check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None
     try:
         with torch.no_grad(), autocast():
             outputs = _call("the model's forward on a training batch",
-                            lambda: task.run_forward(model, batch))
+                            lambda: outputs_of(task, model, batch))
             loss = _call("Task.loss", lambda: task.loss(outputs, batch))
             value = _scalar(loss, "Task.loss")
             for name, fn in task.metrics.items():
@@ -149,7 +151,7 @@ def check_target(target: tuple[str, str, float] | None, metrics: Mapping[str, An
     """train.target must name something evaluation produces."""
     if target is None:
         return
-    produced = ["eval_loss", *metrics]
+    produced = [EVAL_LOSS, *metrics]
     if not has_eval:
         raise ValueError(f"train.target: {target[0]!r} is checked at evaluations, and the "
                          "task has no eval_data; give Task.eval_data or drop train.target")

@@ -1,36 +1,49 @@
 """Restoring a run from its checkpoints: at start (`resume`, as run.resume says) and after a
-fault (`rollback` to the last good checkpoint before a bad step)."""
+fault (`rollback` to the last good checkpoint before a bad step). Both work on the
+checkpoint manager, whose states the run's component list derived, and the names of the
+states to load: nothing here knows which parts the run has."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from tandem import checkpoint
-from tandem.config import config_from_dict
+from tandem.checkpoint import CheckpointManager
+from tandem.config import Config, FaultConfig, config_from_dict
 from tandem.errors import UsageError
 from tandem.monitor.progress import Reporter
 from tandem.trainer import resume_rules
-from tandem.trainer.resumed import Resumed, optimizer_record
-
-if TYPE_CHECKING:
-    from tandem.trainer.loop import Trainer
-
-# What a rollback restores; the run's Progress (data consumed, time, faults) stays.
-ROLLBACK_STATES = ["model", "optim", "strategy", "precision", "train"]
+from tandem.trainer.resumed import Resumed
+from tandem.trainer.state import Progress
 
 
-def resume(trainer: Trainer) -> Resumed:
+@dataclass(frozen=True)
+class Loaded:
+    """What `resume` did: what it found, and the optional states the checkpoint lacked."""
+
+    resumed: Resumed
+    fresh: list[str]  # optional states not in the checkpoint: their owners start afresh
+
+
+def resume(checkpoints: CheckpointManager, config: Config, run_dir: Path,
+           optimizer: dict[str, Any], optional: Sequence[str],
+           done: Any) -> Loaded:
     """Load the latest good checkpoint, as `run.resume` says; check what changed since.
 
-    Raise UsageError (on every rank alike) where the run must not go on: checkpoints
-    exist but none verifies, 'never' / 'require' not met, or a guarded setting changed.
-    All ranks.
+    `optimizer` is the optimizer's record now (`optimizer_record`); `optional` names the
+    states a checkpoint may lack (an add-on switched on at this resume); `done()` says,
+    once loaded, whether the run is complete. Raise UsageError (on every rank alike) where
+    the run must not go on: checkpoints exist but none verifies, 'never' / 'require' not
+    met, or a guarded setting changed. All ranks.
     """
-    policy, root = trainer.config.run.resume, trainer.checkpoints.root
+    policy, root = config.run.resume, checkpoints.root
     if policy == "fresh":
         moved = checkpoint.set_aside(root, 0, "set-aside")
-        return Resumed(None, [], moved, False)
-    found, problems = trainer.checkpoints.find()
+        return Loaded(Resumed(None, [], moved, False), [])
+    found, problems = checkpoints.find()
     if found is None:
         if problems:
             raise UsageError(
@@ -41,57 +54,51 @@ def resume(trainer: Trainer) -> Resumed:
         if policy == "require":
             raise UsageError(f"run.resume: 'require' but {root} holds no committed "
                              "checkpoint")
-        return Resumed(None, [], [], False)
+        return Loaded(Resumed(None, [], [], False), [])
     if policy == "never":
         raise UsageError(
-            f"run.resume: 'never' but {trainer.run_dir} already holds checkpoints; choose "
+            f"run.resume: 'never' but {run_dir} already holds checkpoints; choose "
             "another run.name or run.resume 'auto' (nothing was overwritten)")
     meta = checkpoint.read_meta(found)
     step = int(found.name.removeprefix("step_"))
-    warning = resume_rules.check(config_from_dict(meta.get("config", {})), trainer.config,
-                                 step, (meta.get("optimizer"),
-                                        optimizer_record(trainer.optimizer)))
-    names = list(trainer.checkpoints.states)
-    fresh_average = "ema" in names and "ema" not in meta.get("states", {})
-    if fresh_average:  # averaging switched on at this resume: start from the weights
-        names.remove("ema")
+    warning = resume_rules.check(config_from_dict(meta.get("config", {})), config, step,
+                                 (meta.get("optimizer"), optimizer))
+    saved = meta.get("states", {})
+    fresh = [name for name in optional if name not in saved]
+    names = [name for name in checkpoints.states if name not in fresh]
     if resume_rules.OPTIMIZER in warning:  # another optimizer, allowed: start its state
         names.remove("optim")
-    trainer.checkpoints.restore(found, names)
-    if fresh_average and trainer.ema is not None:
-        trainer.ema.reset()
-    trainer.progress.attempts += 1
-    trainer.lr.extra = trainer.progress.lr_scale
-    done = trainer.state.step >= trainer.config.train.steps or (
-        trainer.config.train.stop_at_target and trainer.progress.target_reached is not None)
-    return Resumed(found, problems, [], done, warning)
+    checkpoints.restore(found, names)
+    return Loaded(Resumed(found, problems, [], done(), warning), fresh)
 
 
-def rollback(trainer: Trainer, bad_step: int, reason: str, reporter: Reporter) -> None:
-    """Restore the newest checkpoint before `bad_step` and skip the data since then.
+def rollback(checkpoints: CheckpointManager, names: list[str], progress: Progress,
+             fault: FaultConfig, now: int, bad_step: int, reason: str,
+             reporter: Reporter) -> int:
+    """Restore the states `names` from the newest checkpoint before `bad_step`, skip the
+    data since then; return the step restored.
 
     PaLM's remedy for loss spikes, done by the run itself: weights, optimizer and
-    schedule go back to the last good checkpoint, the data position stays where it
-    is (the batches in between are skipped), the lr is optionally lowered, and the
-    checkpoints taken after the bad step are set aside. All ranks.
+    schedule go back to the last good checkpoint, the data position (`progress`) stays
+    where it is (the batches in between are skipped), the lr is optionally lowered, and
+    the checkpoints taken after the bad step are set aside. `now`: the step the run had
+    reached. All ranks.
     """
-    cfg, was = trainer.config.fault, trainer.state.step
-    if trainer.progress.rollbacks >= cfg.max_rollbacks:
-        raise RuntimeError(f"{reason}; fault.max_rollbacks ({cfg.max_rollbacks}) reached")
-    found, _ = trainer.checkpoints.find(before=bad_step)
+    if progress.rollbacks >= fault.max_rollbacks:
+        raise RuntimeError(f"{reason}; fault.max_rollbacks ({fault.max_rollbacks}) reached")
+    found, _ = checkpoints.find(before=bad_step)
     if found is None:
         raise RuntimeError(f"{reason}; no good checkpoint before step {bad_step} to roll "
                            "back to (checkpoint.every sets how often they are taken)")
-    meta = trainer.checkpoints.restore(
-        found, ROLLBACK_STATES + (["ema"] if trainer.ema is not None else []))
-    skipped = trainer.progress.samples - int(meta["states"]["progress"]["samples"])
-    trainer.progress.rollbacks += 1
-    trainer.progress.lr_scale *= cfg.rollback_lr_scale
-    trainer.lr.extra = trainer.progress.lr_scale
-    aside = checkpoint.set_aside(trainer.checkpoints.root, bad_step)
-    reporter.event(was, "rollback",
-                   f"{reason}: rolled back from step {was} to {found.name} (step "
-                   f"{trainer.state.step}), skipping {skipped} samples; lr "
-                   f"x{trainer.progress.lr_scale:g}"
+    meta = checkpoints.restore(found, names)
+    skipped = progress.samples - int(meta["states"]["progress"]["samples"])
+    progress.rollbacks += 1
+    progress.lr_scale *= fault.rollback_lr_scale
+    step = int(found.name.removeprefix("step_"))
+    aside = checkpoint.set_aside(checkpoints.root, bad_step)
+    reporter.event(now, "rollback",
+                   f"{reason}: rolled back from step {now} to {found.name} (step "
+                   f"{step}), skipping {skipped} samples; lr x{progress.lr_scale:g}"
                    + (f"; set aside {len(aside)} later checkpoint(s)" if aside else ""),
                    value=float(bad_step))
+    return step

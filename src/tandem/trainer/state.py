@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import torch
+
+from tandem.checkpoint import ModelWeights, OptimizerState
+from tandem.components.base import Held, Stateful
 from tandem.data.sampler import Cursor
 
 
@@ -44,6 +48,11 @@ class Progress:
     rollbacks: int = 0
     lr_scale: float = 1.0  # product of fault.rollback_lr_scale over the rollbacks
 
+    def consume(self, size: int, dataset_len: int) -> None:
+        """A step of `size` samples was trained: move the cursor as the sampler did."""
+        self.cursor.take(size, dataset_len)
+        self.samples += size
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         state = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -65,3 +74,13 @@ class Progress:
         )
         for f in fields(self):
             setattr(self, f.name, getattr(fresh, f.name))
+
+
+def own_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Stateful,
+               precision: Stateful, state: TrainState, progress: Progress) -> list[Held]:
+    """The trainer's own states, listed like the components': all but the run's Progress
+    go back with the weights in a rollback."""
+    return [Held("model", ModelWeights(model), True),
+            Held("optim", OptimizerState(model, optimizer), True),
+            Held("strategy", strategy, True), Held("precision", precision, True),
+            Held("train", state, True), Held("progress", progress, False)]

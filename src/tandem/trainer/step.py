@@ -1,24 +1,24 @@
-"""One optimizer step: accumulation micro-batches, the strategy's hooks, the update."""
+"""One optimizer step: the strategy's forward/backward over the step's micro-batches,
+the components' hooks, the update."""
 
 from __future__ import annotations
 
-import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tandem.clocks import mark
+from tandem.components import Chain
 from tandem.config import Config
+from tandem.data.batches import BatchPlan
 from tandem.errors import UsageError
-from tandem.faults import FaultPlan
-from tandem.monitor.heartbeat import Heartbeat
 from tandem.monitor.live import LiveMonitor
-from tandem.parallel.mesh import Layout
 from tandem.parallel.strategy import Strategy
 from tandem.task import Task
+from tandem.trainer.forward import forward_loss
 from tandem.trainer.precision import Precision
-from tandem.trainer.state import TrainState
 
 
 @dataclass
@@ -33,12 +33,24 @@ class StepParts:
     strategy: Strategy
     precision: Precision
     monitor: LiveMonitor
-    layout: Layout
-    state: TrainState
-    micro: int
+    batches: BatchPlan
     device: torch.device
-    heartbeat: Heartbeat
-    faults: FaultPlan | None
+    components: Chain
+
+
+class Drawn:
+    """The step's micro-batches, drawn from the loader one at a time as they are used."""
+
+    def __init__(self, runner: StepRunner, batches: Iterator[Any], count: int,
+                 step: int) -> None:
+        self.runner, self.batches, self.count, self.step = runner, batches, count, step
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(self.count):
+            yield self.runner.draw(self.batches, self.step)
 
 
 class StepRunner:
@@ -51,72 +63,66 @@ class StepRunner:
         self.guard_nonfinite = parts.config.precision.mode != "fp16"
         self.on_device = parts.device.type == "cuda" and parts.config.monitor.timing
 
-    def fault(self, phase: str) -> None:
-        """Act out an injected fault planned for this phase of this step, if any."""
-        p = self.p
-        if p.faults is not None:
-            p.heartbeat.at(p.state.step, phase)
-            p.faults.hit(phase, p.state.step)
+    def loss_of(self, batch: Any) -> torch.Tensor:
+        """One micro-batch's training loss: forward, the task's loss, the components'."""
+        p, clock = self.p, self.p.monitor.clock
+        clock.begin("forward", on_device=True)
+        with p.precision.autocast():
+            outputs, loss = forward_loss(p.task, p.model, batch)
+            loss = p.components.loss(loss, outputs, batch)
+        clock.end()
+        if not loss.requires_grad:  # the same on every rank: a usage error
+            raise UsageError("Task.loss returned a value that does not depend on "
+                             "the model's parameters (no gradient can flow to them)")
+        return loss
 
-    def run(self, batches: Any, size: int) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
-        """One optimizer step over a global batch of `size` samples.
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of a (scaled) micro-batch loss, timed."""
+        clock = self.p.monitor.clock
+        clock.begin("backward", on_device=True)
+        self.p.precision.backward(loss)
+        clock.end()
+
+    def run(self, batches: Iterator[Any],
+            step: int) -> tuple[torch.Tensor, torch.Tensor, bool, int]:
+        """Optimizer step `step` (steps done so far) over its global batch.
 
         Returns (mean micro-batch loss, gradient norm, whether the update was skipped
         because the gradients were not finite, the number of micro-batches).
         """
         p = self.p
-        precision, strategy, clock, step = p.precision, p.strategy, p.monitor.clock, p.state.step
-        factor = p.faults.loss_factor(step) if p.faults is not None else None
-        total = torch.zeros((), device=p.device)
-        accum = size // (p.micro * p.layout.dp_size)
+        precision, strategy, clock = p.precision, p.strategy, p.monitor.clock
+        size, accum = p.batches.size_at(step), p.batches.accum_at(step)
+        p.components.before_step(step)
         # Once per window: this rank's own gradient too, for the gradient noise scale.
         probe = p.config.monitor.timing and p.monitor.wants_update_ratio(step)
-        for k in range(accum):
-            last = k == accum - 1
-            batch = self._batch(batches, step)
-            sync = contextlib.nullcontext() if last else strategy.no_sync()
-            with sync:
-                clock.begin("forward", on_device=True)
-                with precision.autocast():
-                    loss = p.task.loss(p.task.run_forward(p.model, batch), batch)
-                if factor is not None:  # an injected NaN or loss spike
-                    loss = loss * factor
-                clock.end()
-                if not loss.requires_grad:  # the same on every rank: a usage error
-                    raise UsageError("Task.loss returned a value that does not depend on "
-                                     "the model's parameters (no gradient can flow to them)")
-                if probe and last:
-                    strategy.arm_gradient_probe()
-                # Mean over the micro-batch / accum, then the mean over ranks: the
-                # gradient of the mean loss over the whole global batch.
-                clock.begin("backward", on_device=True)
-                precision.backward(loss / accum)
-                clock.end()
-            total += loss.detach().float()
+        total = strategy.forward_backward(Drawn(self, batches, accum, step), self.loss_of,
+                                          self.backward, probe=probe)
         # How long backward waited after this rank's last gradient was ready: the
         # all-reduce it could not hide, and the wait for slower ranks.
         clock.interval("comm_tail", strategy.take_comm_mark(), mark(self.on_device))
         clock.begin("comm", on_device=True)
         strategy.after_backward()
         clock.end()
-        self.fault("optim")
+        p.components.at("optim", step)
         local_sq = strategy.take_local_grad_sq() if probe else None
         # fp16: the probe saw gradients at this scale (read only then: it syncs the device)
         scale = precision.loss_scale if local_sq is not None else 1.0
         norm, skip = self._update(step)
         if local_sq is not None and not skip:
             p.monitor.gradient_sizes(local_sq / scale**2, norm.detach().double() ** 2,
-                                     size // p.layout.dp_size, size)
+                                     size // p.batches.dp_size, size)
         return total / accum, norm, skip, accum
 
-    def _batch(self, batches: Any, step: int) -> Any:
-        self.fault("data")
-        clock = self.p.monitor.clock
+    def draw(self, batches: Iterator[Any], step: int) -> Any:
+        """The next micro-batch from the loader, timed as data wait."""
+        components, clock = self.p.components, self.p.monitor.clock
+        components.at("data", step)
         clock.begin("data")
         batch = self._next_batch(batches, step)
         clock.end()
         self.last_batch = batch
-        self.fault("compute")
+        components.at("compute", step)
         return batch
 
     def _update(self, step: int) -> tuple[torch.Tensor, bool]:
@@ -139,7 +145,7 @@ class StepRunner:
         return norm, skip
 
     @staticmethod
-    def _next_batch(batches: Any, step: int) -> Any:
+    def _next_batch(batches: Iterator[Any], step: int) -> Any:
         try:
             return next(batches)
         except Exception as err:

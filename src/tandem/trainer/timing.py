@@ -27,6 +27,11 @@ class WindowClock:
         self.busy = 0.0
         self.start = time.perf_counter()
 
+    def add_step(self, passes: int) -> None:
+        """One optimizer step of `passes` forward/backward passes was trained."""
+        self.steps += 1
+        self.passes += passes
+
     def pause(self) -> None:
         """Stop counting: what follows is not a training step."""
         self.busy += time.perf_counter() - self.start

@@ -4,9 +4,9 @@ returned model see when `train.ema_decay` is set.
 The average is kept beside each trainable parameter in the parameter's own form: a plain
 tensor under DDP (every rank holds the same replica, so every rank's average is the
 same), a DTensor shard under FSDP2 or tensor parallelism (each rank averages its own
-shard; no communication). It is a Stateful of its own ("ema" in the checkpoint, keyed by
-the unwrapped parameter names), so DCP reshards it like the weights, and a rollback
-takes it back with them.
+shard; no communication). It is a run component (`EMA`) with a state of its own ("ema"
+in the checkpoint, keyed by the unwrapped parameter names), so DCP reshards it like the
+weights, and a rollback takes it back with them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from tandem.components.base import Component, RunParts
 
 WARMUP = 10  # the decay at update t is min(decay, (1 + t) / (WARMUP + t))
 
@@ -103,3 +105,44 @@ def averaged(average: WeightAverage | None,
         return
     with average.swapped(settle):
         yield
+
+
+class EMA(Component):
+    """`train.ema_decay` as a run component: the average follows every applied update and
+    is what evaluation and the exported model see."""
+
+    name = "ema"
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.average: WeightAverage | None = None
+        self.settle: Callable[[], None] | None = None
+
+    def setup(self, parts: RunParts) -> None:
+        """Start the average at the distributed module's weights."""
+        self.average = WeightAverage(parts.module, self.decay)
+        self.settle = parts.weights_replaced
+
+    def after_step(self, step: int, skipped: bool) -> None:
+        """Follow the update, unless it was skipped."""
+        if self.average is not None and not skipped:
+            self.average.update()
+
+    def evaluating(self) -> contextlib.AbstractContextManager[None]:
+        """The parameters hold the average inside."""
+        return averaged(self.average, self.settle)
+
+    def fresh_start(self) -> None:
+        """Averaging switched on at this resume: start from the resumed weights."""
+        if self.average is not None:
+            self.average.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The average's state."""
+        assert self.average is not None, "setup() first"
+        return self.average.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the average."""
+        assert self.average is not None, "setup() first"
+        self.average.load_state_dict(state)

@@ -1,0 +1,31 @@
+"""The components a config asks for, in the order they run, before the user's own."""
+
+from __future__ import annotations
+
+from tandem.components.base import Component
+from tandem.components.ema import EMA
+from tandem.components.faults import FaultInjection
+from tandem.components.liveness import Liveness
+from tandem.components.model import Compile, Recompute
+from tandem.config import Config
+from tandem.faults import FaultPlan
+from tandem.runtime import Runtime
+
+
+def builtin(config: Config, runtime: Runtime) -> list[Component]:
+    """Activation checkpointing before compilation (as the plan applies them), the weight
+    average, then liveness before fault injection (a rank killed by a fault is last seen
+    where it was killed)."""
+    out: list[Component] = []
+    if config.plan.activation_checkpointing:
+        out.append(Recompute())
+    if config.plan.compile:
+        out.append(Compile())
+    if config.train.ema_decay:
+        out.append(EMA(config.train.ema_decay))
+    out.append(Liveness(runtime.store, runtime.rank, runtime.world_size,
+                        config.fault.heartbeat_s))
+    faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
+    if faults is not None:
+        out.append(FaultInjection(faults))
+    return out

@@ -1,0 +1,74 @@
+"""The run's data: the batch split, the training task and the datasets, checked locally."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tandem.config import Config, parse_ramp
+from tandem.data.batches import BatchPlan
+from tandem.data.loader import collate_of, train_batches
+from tandem.data.memory import held
+from tandem.data.sampler import Cursor, GlobalBatchSampler, check_sizes
+from tandem.data.seqlen import SeqRamp
+from tandem.losses import training_task
+from tandem.runtime import derive_seed, seed_all
+from tandem.task import Task
+from tandem.trainer import preflight
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What the run trains and evaluates on, and how each step's batch is split."""
+
+    batches: BatchPlan
+    train_task: Task  # the task with the training loss (label smoothing)
+    dataset: Any
+    eval_dataset: Any | None
+    collate: Callable[[list[Any]], Any]  # how a micro-batch's samples become a batch
+
+
+def build_data(task: Task, config: Config, dp_size: int) -> RunData:
+    """Split the batch, make the datasets; local checks only (no collective). Seeds the
+    build first: the model factory that runs next makes the same weights on every rank
+    and at every world size."""
+    train = config.train
+    ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
+    batches = BatchPlan.of(train.global_batch, train.micro_batch, dp_size, ramp)
+    if config.plan.static_graph and (batches.accum > 1 or ramp):
+        raise ValueError(
+            f"plan.static_graph: true with {batches.accum} accumulation passes a step (or "
+            "a batch ramp) fails inside DDP's reducer, which expects every parameter "
+            "once per step; keep one: static_graph false, or train.micro_batch 0")
+    seed_all(derive_seed("build", config.run.seed))
+    train_task = training_task(task, train.label_smoothing)
+    dataset = task.train_data()
+    preflight.check_dataset(dataset, "train_data")
+    collate = collate_of(dataset, task.collate)
+    dataset = held(dataset, config.data, "train_data", collate)
+    for size in batches.sizes:
+        check_sizes(len(dataset), size, batches.micro * dp_size)
+    eval_dataset = task.eval_data() if task.eval_data is not None else None
+    if eval_dataset is not None:
+        preflight.check_dataset(eval_dataset, "eval_data")
+        eval_dataset = held(eval_dataset, config.data, "eval_data",
+                            collate_of(eval_dataset, task.collate))
+    return RunData(batches, train_task, dataset, eval_dataset, collate)
+
+
+def micro_batches(data: RunData, config: Config, dp_rank: int, cursor: Cursor, step: int,
+                  device: torch.device, now: Callable[[], int]) -> Iterator[Any]:
+    """This rank's micro-batches on `device` from sample `cursor` of the global order, for
+    step `step` on; `now()` is the step in progress (a sequence-length ramp reads it)."""
+    plan = data.batches
+    sampler = GlobalBatchSampler(
+        dataset_len=len(data.dataset), global_batch=plan.global_batch, accum=plan.accum,
+        rank=dp_rank, world_size=plan.dp_size, seed=config.run.seed, cursor=cursor,
+        batch_at=plan.size_at if plan.ramp else None, step=step)
+    batches = train_batches(data.dataset, sampler, config.data, device, data.collate)
+    if config.train.seq_ramp:
+        batches = SeqRamp(config.train.seq_ramp).apply(batches, now)
+    return batches
