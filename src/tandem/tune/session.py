@@ -13,7 +13,8 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    candidates' (one before each candidate pair after the first). Its interval is what a
    change that does nothing shows on this machine today; every decision's lower bound
    must clear it (`stats.noise_floor`).
-4. **Candidates**, largest predicted gain first (`by_predicted_gain`: the smells and
+4. **Candidates**: the user's own (--try) first, in their order; then the tuner's,
+   largest predicted gain first (`by_predicted_gain`: the smells and
    measured candidates carry one), then each diagnosed family after its control
    experiment (`controls.py`): a refuted family, or one whose control cannot gain
    1 + min_gain, is skipped. Each candidate is an arm against the current plan, in
@@ -69,15 +70,17 @@ class Tuner:
 
     def __init__(self, runner: TrialRunner, settings: Settings, session: str,
                  extra: Sequence[Candidate] = (),
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
+        self.clock = clock  # the budget's seconds (a simulated runner keeps its own)
         self.s = settings
         self.session = session
         self.extra = list(extra)
         self.echo = echo or (lambda text: log.info("%s", text))
         self.records: list[Record] = []
         self.trials = 0
-        self.started = time.monotonic()
+        self.started = clock()
         self.incumbent: dict[str, Any] = {}
         self.job: dict[str, Any] = {}
         self.tried: set[tuple[tuple[str, str], ...]] = set()
@@ -114,7 +117,7 @@ class Tuner:
 
     # ------------------------------------------------------------------ timing
     def _elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     def _can_afford(self, runs: int) -> bool:
         walls = [r.wall_s for a in self.bench.arms for p in a.pairs
