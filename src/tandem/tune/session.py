@@ -42,6 +42,7 @@ the placebo's spread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import statistics
@@ -204,6 +205,7 @@ class Tuner:
                                       outcome.windows, self.runner.nproc,
                                       int(ran.get("monitor.log_every") or 1),
                                       {**os.environ, **self.runner.env})
+        self.measured = dataclasses.replace(self.measured, sample_s=self.runner.sample_s)
         kinds = space_kinds()
         self.smells = smells.smells(self.measured)
         self.findings = ([f for f in findings if f.kind in kinds]
