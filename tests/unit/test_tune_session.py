@@ -83,7 +83,8 @@ class SimRunner(TrialRunner):
         micro = int({**self.job, **changes}.get("train.micro_batch") or per_rank)
         with RunStore(self.store_path) as store:
             store.finish_run(name, RunStatus.COMPLETED,
-                             {"micro_batch": micro, "accumulation": per_rank // micro})
+                             {"micro_batch": micro, "accumulation": per_rank // micro,
+                              "startup_s": START_S})
         out = self.read(name)
         out.wall_s, out.stopped = self.now - started, stopped
         return out
@@ -124,6 +125,9 @@ def test_the_largest_predicted_gain_is_tried_first_and_decided_in_one_or_two_pai
     # the next candidate
     fix_runs = [ch for _, ch in runner.launched if ch == {"precision.mode": "fp32"}]
     assert len(fix_runs) <= 4
+    startup = tuner._summary()["startup"]  # every paired run's start-up (A0's counted once)
+    pairs = sum(len(a.pairs) for a in tuner.bench.arms)
+    assert startup["runs"] == 2 * pairs and startup["total_s"] == START_S * 2 * pairs
     assert tried[0].status == "adopted"
     assert tried[0].figures["measured"] == pytest.approx(5.0, rel=0.15)
 

@@ -500,8 +500,21 @@ class Tuner:
                 "evidence": self.evidence, "noise": self.bench.noise_record("wall"),
                 "unreached": [c.label for c in self.unreached],
                 "run_s": None if self.s.steps else self.run_s,
+                "startup": self._startups(),
                 "validations": {k: {x: y for x, y in v.items() if x != "evidence"}
                                 for k, v in self.validations.items()}}
+
+
+    def _startups(self) -> dict[str, float | int] | None:
+        """What the runs' start-ups cost the session (each run's own `startup_s`, from
+        its process's start to its first step): runs, total and median seconds."""
+        runs = {id(r): r for a in self.bench.arms for p in a.pairs for r in (p.arm, p.reference)}
+        figures = [float(r.summary["startup_s"]) for r in runs.values()
+                   if isinstance(r.summary.get("startup_s"), (int, float))]
+        if not figures:
+            return None
+        return {"runs": len(figures), "total_s": sum(figures),
+                "median_s": statistics.median(figures)}
 
 
 PLACEBO_FIRST = 2  # A/A pairs before any candidate: the least that gives a noise estimate
