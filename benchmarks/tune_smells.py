@@ -76,6 +76,7 @@ def one(name: str, root: Path, ns: argparse.Namespace) -> dict[str, Any]:
     row["trials"] = summary.get("trials")
     row["unreached"] = summary.get("unreached")
     row["decided_s"] = decided_at(tuned["store"], tuned["session"])
+    row["startup"] = summary.get("startup")  # what the runs' start-ups cost the session
     if tuned["plan"]:
         row["side"] = side_by_side(job, tuned["plan"], root / name, argparse.Namespace(
             pairs=ns.pairs, steps=ns.side_steps, log_every=ns.side_steps // 8))
@@ -84,6 +85,10 @@ def one(name: str, root: Path, ns: argparse.Namespace) -> dict[str, Any]:
 
 def _iv(d: dict[str, Any] | None) -> str:
     return f"{d['estimate']:.2f} [{d['low']:.2f}, {d['high']:.2f}]" if d else "-"
+
+
+def _startup(d: dict[str, Any] | None) -> str:
+    return f"{d['total_s']:.0f} ({d['runs']}, {d['median_s']:.1f})" if d else "-"
 
 
 def main() -> None:
@@ -109,8 +114,9 @@ def main() -> None:
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "summary"},
                          default=str)[:1500], flush=True)
         (root / "results.json").write_text(json.dumps(rows, indent=1, default=str))
-    print("\n| job | adopted | trials | decided at s | re-measured [95% CI] | never reached |")
-    print("|---|---|---|---|---|---|")
+    print("\n| job | adopted | trials | decided at s | re-measured [95% CI] | never reached "
+          "| start-up s (runs, median) |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         plan = ", ".join(f"{k}={v}" for k, v in (r.get("plan") or {}).items()) or (
             "ERROR" if r.get("error") else "nothing")
@@ -118,7 +124,8 @@ def main() -> None:
         decided = r.get("decided_s")
         print(f"| {r['job']} | {plan} | {r.get('trials', '-')} | "
               f"{'-' if decided is None else f'{decided:.0f}'} | {_iv(side.get('ratio'))} "
-              f"({side.get('pairs', 0)} pairs) | {', '.join(r.get('unreached') or []) or '-'} |")
+              f"({side.get('pairs', 0)} pairs) | {', '.join(r.get('unreached') or []) or '-'} | "
+              f"{_startup(r.get('startup'))} |")
     print(f"\nload average at the end {os.getloadavg()}")
 
 

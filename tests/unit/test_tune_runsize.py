@@ -34,6 +34,15 @@ def test_a_predicted_speed_up_stretches_a_run_in_steps_within_a_cap() -> None:
     assert runsize.size(0.1, 10.0, stretch=0.5).steps == base  # never shortened
 
 
+def test_a_stretched_run_logs_at_every_step_its_reference_logs() -> None:
+    # the convergence guardrail compares the losses of a pair's runs at common steps
+    ref = runsize.size(0.05, 6.0)
+    for stretch in (1.7, 3.0, 6.9):
+        sized = runsize.size(0.05, 6.0, stretch=stretch)
+        ref_steps = set(range(ref.log_every, ref.steps + 1, ref.log_every))
+        assert ref_steps <= set(range(sized.log_every, sized.steps + 1, sized.log_every))
+
+
 def test_the_probe_stops_on_time_and_windows() -> None:
     assert not runsize.probe_done(_windows(0.1, 5, 3), 1.0)  # too few windows
     assert not runsize.probe_done(_windows(0.01, 5, 6), 10.0)  # too short a span

@@ -126,3 +126,28 @@ def test_a_probe_without_a_summary_still_shows_its_accumulation() -> None:
     smell = smells.small_micro_batch(probe)
     assert smell is not None and smell.fix == {"train.micro_batch": 64}
     assert smells.small_micro_batch(_job(summary={})) is None  # micro-batch 0: 64, 1 pass
+
+
+def test_workers_for_samples_timed_as_already_in_memory() -> None:
+    # The workers' own contention makes a data wait of 27% of the step: without the
+    # samples' cost the rule reads that as input-bound; with it, the workers are the smell.
+    job = _job(config={"data.workers": 2}, data_s=0.027, sample_s=1e-6)
+    smell = smells.workers_for_cheap_data(job)
+    assert smell is not None and smell.fix == {"data.workers": 0}
+    assert smell.predicted == pytest.approx(smells.MAX_PRIOR)  # 2 x (1 + 2) on 2 cores
+    # cores to spare: the gain is the data wait given back, less the reading itself
+    roomy = dataclasses.replace(job, cpus=16)
+    smell = smells.workers_for_cheap_data(roomy)
+    assert smell is not None
+    assert smell.predicted == pytest.approx(0.1 / (0.1 - 0.027 + 64 * 1e-6))
+    # without the samples' cost, the same data wait is read as a loading cost
+    assert smells.workers_for_cheap_data(dataclasses.replace(job, sample_s=None)) is None
+
+
+def test_workers_on_lazy_data_are_no_smell() -> None:
+    # placebo: a sample takes 2 ms to read: a step's 64 would take 128% of the step
+    lazy = _job(config={"data.workers": 2}, data_s=0.002, sample_s=2e-3)
+    assert smells.workers_for_cheap_data(lazy) is None
+    # placebo: data.in_memory gathers batches without the loader: workers do nothing
+    gathered = _job(config={"data.workers": 2, "data.in_memory": True}, sample_s=1e-6)
+    assert smells.workers_for_cheap_data(gathered) is None

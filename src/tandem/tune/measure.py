@@ -68,6 +68,7 @@ class Measured:
     checkpoint_s: float | None = None  # what one checkpoint costs the run
     log_s: float | None = None  # what closing one logging window costs the run
     log_every: int = 0  # the logging window the measured run used (its log_s is per one)
+    sample_s: float | None = None  # one training sample's read time, in one process
 
     @property
     def accum(self) -> int:

@@ -11,7 +11,8 @@ budget on each run of its baseline and placebo, and leaves nothing for candidate
   fill run_s seconds, at least MIN_STEPS (a steady state needs some), in WINDOWS
   logging windows. A candidate whose prediction says it is faster gets its predicted
   share more steps (at most MAX_STRETCH times), so that its run also lasts about run_s
-  and measures it over enough windows.
+  and measures it over enough windows (more windows of the unstretched run's size, so
+  that its losses are logged at its reference's steps).
 * **run_s** is the user's `--run-seconds`, else `auto_run_seconds(budget)`: a
   RUNS_PER_BUDGET-th of the budget, within [MIN_RUN_S, MAX_RUN_S].
 """
@@ -70,6 +71,9 @@ def size(seconds_per_step: float, run_s: float, stretch: float = 1.0) -> RunSize
     if run_s <= 0:
         raise ValueError(f"run_s {run_s!r} must be positive")
     factor = min(max(stretch, 1.0), MAX_STRETCH)
-    steps = max(MIN_STEPS, math.ceil(factor * run_s / seconds_per_step))
+    steps = max(MIN_STEPS, math.ceil(run_s / seconds_per_step))
     log_every = max(1, steps // WINDOWS)
-    return RunSize(log_every * math.ceil(steps / log_every), log_every)
+    windows = math.ceil(steps / log_every)
+    # Stretched in windows of the unstretched run's size: its losses are then logged at
+    # every step its reference's are (the convergence guardrail compares those steps).
+    return RunSize(log_every * math.ceil(factor * windows), log_every)

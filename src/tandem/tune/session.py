@@ -13,7 +13,8 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    candidates' (one before each candidate pair after the first). Its interval is what a
    change that does nothing shows on this machine today; every decision's lower bound
    must clear it (`stats.noise_floor`).
-4. **Candidates**, largest predicted gain first (`by_predicted_gain`: the smells and
+4. **Candidates**: the user's own (--try) first, in their order; then the tuner's,
+   largest predicted gain first (`by_predicted_gain`: the smells and
    measured candidates carry one), then each diagnosed family after its control
    experiment (`controls.py`): a refuted family, or one whose control cannot gain
    1 + min_gain, is skipped. Each candidate is an arm against the current plan, in
@@ -41,6 +42,7 @@ the placebo's spread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import statistics
@@ -69,15 +71,17 @@ class Tuner:
 
     def __init__(self, runner: TrialRunner, settings: Settings, session: str,
                  extra: Sequence[Candidate] = (),
-                 echo: Callable[[str], None] | None = None) -> None:
+                 echo: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.runner = runner
+        self.clock = clock  # the budget's seconds (a simulated runner keeps its own)
         self.s = settings
         self.session = session
         self.extra = list(extra)
         self.echo = echo or (lambda text: log.info("%s", text))
         self.records: list[Record] = []
         self.trials = 0
-        self.started = time.monotonic()
+        self.started = clock()
         self.incumbent: dict[str, Any] = {}
         self.job: dict[str, Any] = {}
         self.tried: set[tuple[tuple[str, str], ...]] = set()
@@ -114,7 +118,7 @@ class Tuner:
 
     # ------------------------------------------------------------------ timing
     def _elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     def _can_afford(self, runs: int) -> bool:
         walls = [r.wall_s for a in self.bench.arms for p in a.pairs
@@ -201,6 +205,7 @@ class Tuner:
                                       outcome.windows, self.runner.nproc,
                                       int(ran.get("monitor.log_every") or 1),
                                       {**os.environ, **self.runner.env})
+        self.measured = dataclasses.replace(self.measured, sample_s=self.runner.sample_s)
         kinds = space_kinds()
         self.smells = smells.smells(self.measured)
         self.findings = ([f for f in findings if f.kind in kinds]
@@ -495,8 +500,21 @@ class Tuner:
                 "evidence": self.evidence, "noise": self.bench.noise_record("wall"),
                 "unreached": [c.label for c in self.unreached],
                 "run_s": None if self.s.steps else self.run_s,
+                "startup": self._startups(),
                 "validations": {k: {x: y for x, y in v.items() if x != "evidence"}
                                 for k, v in self.validations.items()}}
+
+
+    def _startups(self) -> dict[str, float | int] | None:
+        """What the runs' start-ups cost the session (each run's own `startup_s`, from
+        its process's start to its first step): runs, total and median seconds."""
+        runs = {id(r): r for a in self.bench.arms for p in a.pairs for r in (p.arm, p.reference)}
+        figures = [float(r.summary["startup_s"]) for r in runs.values()
+                   if isinstance(r.summary.get("startup_s"), (int, float))]
+        if not figures:
+            return None
+        return {"runs": len(figures), "total_s": sum(figures),
+                "median_s": statistics.median(figures)}
 
 
 PLACEBO_FIRST = 2  # A/A pairs before any candidate: the least that gives a noise estimate

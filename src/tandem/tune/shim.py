@@ -7,7 +7,10 @@ or resolve the settings it would run with.
 
 and, once per session, `python shim.py --resolve train.py FLAGS...` to learn the job's
 resolved settings (its recipe, --config, plan and flags) without training: `tandem.fit`
-prints them as one JSON line after RESOLVED_MARK and exits.
+prints them as one JSON line after RESOLVED_MARK, then what one training sample costs to
+read (`sample_cost`: the dataset built and a few items read in this one process) after
+DATA_MARK, and exits. The sample cost tells loader workers that hide a real loading cost
+from workers for samples already in memory (`smells.workers_for_cheap_data`).
 
 It wraps `tandem.fit` so that the task's training set is replaced by the first
 CACHED_ITEMS of its items, loaded once before training and reused in the global order
@@ -28,6 +31,10 @@ from typing import Any
 
 CACHED_ITEMS = int(os.environ.get("TANDEM_TUNE_CACHED_ITEMS", "256"))
 RESOLVED_MARK = "tandem-resolved-config: "
+DATA_MARK = "tandem-resolved-data: "
+SAMPLE_ITEMS = 32  # items read to time one sample, spread over the dataset
+SAMPLE_READ_S = 2.0  # reading stops after this long (a slow sample is timed by then)
+SAMPLE_BUILD_S = 30  # a dataset that takes longer to build is not timed
 
 
 class CachedData:
@@ -69,9 +76,45 @@ def _patch_resolve() -> None:
             sys.argv[1:] if argv is None else argv, defaults)
         sys.stdout.write(RESOLVED_MARK + json.dumps(resolved.to_dict()) + "\n")
         sys.stdout.flush()
+        cost = sample_cost(task)
+        if cost is not None:
+            sys.stdout.write(DATA_MARK + json.dumps(cost) + "\n")
+            sys.stdout.flush()
         raise SystemExit(0)
 
     tandem.fit = fit
+
+
+def sample_cost(task: Any) -> dict[str, Any] | None:
+    """{'sample_s': seconds to read one training item, 'items': read, 'kind': the
+    dataset's type}, or None when the dataset cannot be built (within SAMPLE_BUILD_S)
+    or indexed."""
+    import signal
+    import time
+
+    def late(*_: object) -> None:
+        raise TimeoutError
+
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(SAMPLE_BUILD_S)
+    try:
+        data = task.train_data()
+        n = len(data)
+        if n <= 0:
+            return None
+        read, started = 0, time.perf_counter()
+        for k in range(min(SAMPLE_ITEMS, n)):
+            data[k * n // min(SAMPLE_ITEMS, n)]
+            read += 1
+            if time.perf_counter() - started > SAMPLE_READ_S:
+                break
+        spent = time.perf_counter() - started
+    except Exception:  # noqa: BLE001 - any dataset that cannot say: no figure, no smell
+        return None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    return {"sample_s": spent / read, "items": read, "kind": type(data).__name__}
 
 
 def main() -> None:

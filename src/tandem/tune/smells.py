@@ -15,10 +15,13 @@ checkpointing-with-memory   plan.activation_checkpointing on, with the run's mem
                             SPARE_SHARE of what the device (GPU) or host (CPU) has
                             (activation_checkpointing false; 1 / (1 - c RECOMPUTE_SHARE):
                             the recomputed forward is about a quarter of the compute)
-workers-for-cheap-data      loader workers on a job whose data wait is under DATA_SHARE of
-                            the step (the samples are cheap: in memory) while processes x
-                            (threads + workers) exceed the cores, so the workers take the
-                            training's cores (data.workers 0; the cores' oversubscription,
+workers-for-cheap-data      loader workers for samples that cost nothing to read: a
+                            step's samples, timed in one process (`shim.sample_cost`),
+                            read in under DATA_SHARE of the step (whatever the data wait:
+                            the workers' contention makes one); untimed, a data wait under
+                            DATA_SHARE of the step while processes x (threads + workers)
+                            exceed the cores (data.workers 0; the larger of the cores'
+                            oversubscription and step / (step - data wait + reading),
                             at most MAX_PRIOR)
 threads-over-cores          processes x threads > cores (plan.threads = cores // processes;
                             the oversubscription, at most MAX_PRIOR)
@@ -151,20 +154,42 @@ def checkpointing_to_spare(m: Measured) -> Smell | None:
 
 
 def workers_for_cheap_data(m: Measured) -> Smell | None:
-    """Loader workers that take the training's cores for data that costs nothing."""
+    """Loader workers for samples that cost nothing to read.
+
+    When the training set's samples were timed (`Measured.sample_s`, read in one process
+    before the session), that decides: reading a step's samples in the training process
+    itself would take under DATA_SHARE of the step, so the workers only take cores (and
+    the data wait they show is their own contention, not loading). Otherwise the data
+    wait must be under DATA_SHARE of the step while the workers oversubscribe the cores.
+    """
     workers = int(m.config.get("data.workers") or 0)
-    if workers <= 0 or not m.step_s or m.data_s is None or m.data_s > DATA_SHARE * m.step_s:
+    if workers <= 0 or not m.step_s or m.config.get("data.in_memory"):
         return None
     load = m.world * (m.threads + workers)
-    if load <= m.cpus:
+    oversubscribed = load / max(m.cpus, m.world * m.threads)
+    data_s = m.data_s or 0.0
+    if m.sample_s is not None:
+        serial = m.per_rank * m.sample_s  # a step's samples read by the rank itself
+        if serial > DATA_SHARE * m.step_s:
+            return None
+        own = m.step_s / max(m.step_s - data_s + serial, 1e-9)
+        predicted = min(MAX_PRIOR, max(oversubscribed, own))
+        why = (f"its samples take {serial / m.step_s:.1%} of the step to read "
+               f"({m.sample_s * 1e6:.3g} us each) while the data wait is "
+               f"{data_s / m.step_s:.0%}")
+    else:
+        if m.data_s is None or m.data_s > DATA_SHARE * m.step_s or load <= m.cpus:
+            return None
+        predicted = min(MAX_PRIOR, oversubscribed)
+        why = f"the data waits {data_s / m.step_s:.0%} of the step"
+    if predicted <= 1.0:
         return None
-    predicted = min(MAX_PRIOR, load / max(m.cpus, m.world * m.threads))
     return Smell("workers-for-cheap-data",
-                 f"{workers} loader worker(s) per rank for data that waits "
-                 f"{m.data_s / m.step_s:.0%} of the step: {m.world} x ({m.threads} + "
-                 f"{workers}) processes and threads on {m.cpus} cores",
-                 {"data.workers": 0}, predicted,
-                 {"workers": workers, "data_share": m.data_s / m.step_s})
+                 f"{workers} loader worker(s) per rank for data that costs nothing: {why}; "
+                 f"{m.world} x ({m.threads} + {workers}) processes and threads on "
+                 f"{m.cpus} cores", {"data.workers": 0}, predicted,
+                 {"workers": workers, "data_share": data_s / m.step_s,
+                  "sample_s": m.sample_s})
 
 
 def threads_over_cores(m: Measured) -> Smell | None:

@@ -120,6 +120,7 @@ class TrialRunner:
     env: dict[str, str] = field(default_factory=dict)
     runs: int = 0  # runs launched so far
     job_log_every: int | None = None  # the job's own monitor.log_every, once known
+    sample_s: float | None = None  # one training sample's read time (`resolve`), if known
 
     def command(self, name: str, plan_file: Path, steps: int, log_every: int,
                 control: str, drop: Sequence[str], eval_every: int | None = None,
@@ -193,7 +194,8 @@ class TrialRunner:
 
     def resolve(self, timeout_s: float = 120.0) -> dict[str, Any]:
         """The job's resolved settings, flat ({'train.micro_batch': 0, ...}), read without
-        training (`shim.py --resolve`); {} when the script cannot tell them."""
+        training (`shim.py --resolve`); {} when the script cannot tell them. Sets
+        `sample_s` when the shim could time the training set's samples."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         plan_file = self.work_dir / "resolve-plan.toml"
         plan_file.write_text(plan_toml(self.base_plan, ["the job's own plan"]))
@@ -207,12 +209,16 @@ class TrialRunner:
                                   env=env, timeout=timeout_s, cwd=self.work_dir)
         except subprocess.TimeoutExpired:
             return {}
+        resolved: dict[str, Any] = {}
         for line in proc.stdout.splitlines():
-            if line.startswith(shim.RESOLVED_MARK):
+            if line.startswith(shim.DATA_MARK):
+                cost = json.loads(line[len(shim.DATA_MARK):])
+                self.sample_s = float(cost["sample_s"])
+            elif line.startswith(shim.RESOLVED_MARK):
                 tree = json.loads(line[len(shim.RESOLVED_MARK):])
-                return {f"{s}.{k}": v for s, values in tree.items() if isinstance(values, dict)
-                        for k, v in values.items()}
-        return {}
+                resolved = {f"{s}.{k}": v for s, values in tree.items()
+                            if isinstance(values, dict) for k, v in values.items()}
+        return resolved
 
     def _wait(self, proc: subprocess.Popen, started: float,
               watch: Callable[[], bool] | None) -> tuple[int | None, str, bool]:
