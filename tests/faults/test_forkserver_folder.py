@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -15,6 +18,16 @@ from tests.faults.sched_env import SchedEnv
 
 SERVICE = ("--backend", "local", "--slots", "1")
 DEADLINE_S = 90  # the server imports torch before it listens: minutes on a slow host
+
+
+@pytest.fixture
+def tmp(tmp_path: Path) -> Iterator[Path]:
+    """The scheduler's TMPDIR: short, since the server's socket lives in a folder inside
+    it and a Unix socket's path is at most 107 bytes (a test's tmp_path under pytest-xdist
+    is longer than that once the folder and `socket` are added)."""
+    folder = Path(tempfile.mkdtemp(prefix="tfs-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _folders(tmp: Path) -> list[Path]:
@@ -42,9 +55,7 @@ def _gone(path: Path) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_scheduler_leaves_no_fork_server_folder(tmp_path: Path) -> None:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def test_a_killed_scheduler_leaves_no_fork_server_folder(tmp_path: Path, tmp: Path) -> None:
     env = SchedEnv(tmp_path, {"TMPDIR": str(tmp)})
     server = None
     try:
@@ -62,9 +73,8 @@ def test_a_killed_scheduler_leaves_no_fork_server_folder(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(300)
-def test_the_next_scheduler_removes_a_folder_whose_server_was_killed(tmp_path: Path) -> None:
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+def test_the_next_scheduler_removes_a_folder_whose_server_was_killed(tmp_path: Path,
+                                                                   tmp: Path) -> None:
     env = SchedEnv(tmp_path, {"TMPDIR": str(tmp)})
     try:
         env.start_service(*SERVICE)
