@@ -63,6 +63,28 @@ def test_nan_with_rollback_restores_the_last_checkpoint_and_skips_the_window(
     assert not list((tmp_path / "toy" / "checkpoints").glob("step_000000012"))
 
 
+def _train_windows_of_ten(rank: int, world: int, out: str, faults: list) -> None:
+    os.environ["TANDEM_FAULTS"] = json.dumps(faults)
+    cfg = toy_task.config(out, 25, GLOBAL, checkpoint={"every": 5},
+                          fault={"nonfinite": "rollback"}, monitor={"log_every": 10})
+    tandem.fit(toy_task.task(), config=cfg)
+
+
+@pytest.mark.timeout(120)
+def test_a_rollback_inside_a_logging_window_logs_the_steps_it_undoes(tmp_path: Path) -> None:
+    # Steps 10-17 run, 17 is non-finite, the run goes back to step 15: the window holds
+    # more steps than log_every once 15-19 run again unless the rollback ends it.
+    nan = [{"rank": 0, "step": 17, "kind": "nan"}]
+    run_ranks(_train_windows_of_ten, 2, str(tmp_path), nan, timeout=100)
+    with RunStore(tmp_path / "tandem.db") as store:
+        run = store.runs()[-1]
+        assert run["status"] == "completed", run
+        steps = [row["step"] for row in store.metrics(run["run_id"], "loss")]
+    assert steps == sorted(set(steps)) and steps[-1] == 25
+    assert 18 in steps  # the window closed by the rollback: steps 10-17
+    assert [e["step"] for e in _events(tmp_path) if e["kind"] == "rollback"] == [18]
+
+
 def _mismatched(rank: int, world: int, out: str) -> None:
     cfg = toy_task.config(out, 5, GLOBAL, seed=rank)  # each rank a different seed
     tandem.fit(toy_task.task(), config=cfg)

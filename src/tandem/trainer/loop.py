@@ -175,12 +175,18 @@ class Trainer:
         # measures again (its size, its link and its step may be another run's).
         first = self.state.step
         while self.state.step < cfg.train.steps and not self.stopped_at_target:
-            self._one_step(batches, window, reporter, len(self.data.dataset))
+            bad = self._one_step(batches, window, reporter, len(self.data.dataset))
             window.pause()  # logging, evaluation and checkpoints are not training time
+            if bad is not None:
+                # The window ends with the bad step: its steps are logged before they are
+                # undone, and the steps run again start a window of their own.
+                self._log_window(window, reporter, clock)
+                self._rollback(self.state.step - 1, bad, reporter)
             if self.state.step - first == cfg.monitor.calibrate_at:
                 self.calibration.run(self.steps.last_batch, self.batches.accum,
                                      self.state.step, reporter)
-            if self.state.step % cfg.monitor.log_every == 0 or self.state.step == cfg.train.steps:
+            step = self.state.step
+            if bad is None and (step % cfg.monitor.log_every == 0 or step == cfg.train.steps):
                 self._log_window(window, reporter, clock)
             else:
                 reporter.advance(self.state.step)
@@ -194,7 +200,8 @@ class Trainer:
         return self.summary()
 
     def _one_step(self, batches: Any, window: WindowClock, reporter: Reporter,
-                  dataset_len: int) -> None:
+                  dataset_len: int) -> str | None:
+        """Run one optimizer step; the reason to roll back, when it asks for one."""
         cfg, state = self.config, self.state
         self.components.at("step", state.step)
         # Tensor-parallel peers draw the same numbers (they compute one replica together).
@@ -217,9 +224,9 @@ class Trainer:
             if cfg.fault.nonfinite == "raise":
                 raise FloatingPointError(reason + " (fault.nonfinite = 'raise')")
             if cfg.fault.nonfinite == "rollback":
-                self._rollback(state.step - 1, reason, reporter)
-            else:
-                reporter.event(state.step - 1, "skip", f"{reason}: the update was skipped")
+                return reason
+            reporter.event(state.step - 1, "skip", f"{reason}: the update was skipped")
+        return None
 
     def _log_window(self, window: WindowClock, reporter: Reporter, clock: RunClock) -> None:
         self.progress.train_s += window.busy
