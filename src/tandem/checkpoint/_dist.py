@@ -39,6 +39,16 @@ def gather_problems(mine: str | None) -> list[str]:
     return [p for p in everyone if p]
 
 
+def union(keys: set[str]) -> set[str]:
+    """The union of every rank's `keys` (a no-op without a process group). All ranks."""
+    if not initialized():
+        return keys
+    everyone: list[set[str] | None] = [None] * world_size()
+    dist.all_gather_object(everyone, keys)
+    settle()
+    return set().union(*(k for k in everyone if k))
+
+
 def broadcast_from_zero(value: Any) -> Any:
     """Return rank 0's ``value`` on every rank (a no-op without a process group).
 

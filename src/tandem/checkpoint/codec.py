@@ -57,7 +57,12 @@ def _plain(value: Any, where: str) -> Any:
 
 
 def join(tensors: Any, plain: Any) -> Any:
-    """The state `split` took apart."""
+    """The state `split` took apart.
+
+    The plain side is the first process's; processes may hold other tensors (pipeline
+    stages), so a mapping keeps the tensors loaded for this process: a tensor leaf the
+    plain side names but this process did not load is left out, and a loaded tensor it
+    does not name is kept."""
     if not isinstance(plain, dict):
         return plain
     if _TENSOR in plain:
@@ -66,7 +71,11 @@ def join(tensors: Any, plain: Any) -> Any:
         return float(plain[_FLOAT])
     found = tensors or {}
     if _MAP in plain:
-        return {(int(key) if kind == "int" else key): join(found.get(key), p)
-                for kind, key, p in plain[_MAP]}
+        out = {(int(key) if kind == "int" else key): join(found.get(key), p)
+               for kind, key, p in plain[_MAP]
+               if key in found or not (isinstance(p, dict) and _TENSOR in p)}
+        named = {key for _, key, _ in plain[_MAP]}
+        out.update({key: value for key, value in found.items() if key not in named})
+        return out
     items = [join(found.get(str(i)), p) for i, p in enumerate(plain["items"])]
     return tuple(items) if plain[_SEQ] == "tuple" else items

@@ -107,7 +107,8 @@ def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     # but the metadata, the one file that is unpickled, is hashed right before reading.
     found = manifest.verify(path, hashes=False)
     manifest.verify_metadata(path, found)
-    check_shapes(path, found["shapes"], manifest.tensor_shapes(state))
+    wanted = manifest.tensor_shapes(state)
+    check_shapes(path, found["shapes"], wanted, _dist.union(set(wanted)))
     try:
         with _dist.single_process_quiet():
             dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(),
@@ -119,16 +120,18 @@ def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     return found["meta"]
 
 
-def check_shapes(path: Path, saved: dict[str, list[int]], wanted: dict[str, list[int]]) -> None:
+def check_shapes(path: Path, saved: dict[str, list[int]], wanted: dict[str, list[int]],
+                 held: set[str]) -> None:
     """Raise ValueError if the tensors of ``wanted`` do not match those ``saved``.
 
     Saved keys under top-level sections that ``wanted`` does not have are not loaded,
-    so they are not reported as unexpected.
+    so they are not reported as unexpected; nor are those another process holds
+    (``held``: every process's keys; pipeline stages hold different parts).
     """
     sections = {key.split(".", 1)[0] for key in wanted}
     saved = {key: shape for key, shape in saved.items() if key.split(".", 1)[0] in sections}
     missing = sorted(wanted.keys() - saved.keys())
-    unexpected = sorted(saved.keys() - wanted.keys())
+    unexpected = sorted(saved.keys() - held)
     mismatched = sorted(
         f"{key} (checkpoint {saved[key]}, state {wanted[key]})"
         for key in wanted.keys() & saved.keys()

@@ -138,7 +138,7 @@ class CheckpointManager:
                 self.hook("written", step, tmp)
         except CheckpointError as err:
             files = {"": {"error": str(err)}}
-        everyone = gather_files(files, self._group)
+        everyone, shapes = gather_files(files, self._group, shapes)
         final = self.root / layout.step_name(step)
         outcome = ""
         if _dist.rank() == 0:

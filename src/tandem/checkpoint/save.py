@@ -54,10 +54,9 @@ def save(root: Path, step: int, state: dict[str, Any], meta: dict[str, Any], kee
         if _dist.rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    everyone = gather_files(files, None)
+    everyone, shapes = gather_files(files, None, manifest.tensor_shapes(state))
     final = root / layout.step_name(step)
-    _dist.on_rank_zero(lambda: commit(tmp, final, everyone, manifest.tensor_shapes(state),
-                                      meta, keep, lineage))
+    _dist.on_rank_zero(lambda: commit(tmp, final, everyone, shapes, meta, keep, lineage))
     return final
 
 
@@ -126,18 +125,23 @@ def hash_own_files(directory: Path, rank: int) -> Files:
     return files
 
 
-def gather_files(files: Files, group: dist.ProcessGroup | None) -> Files:
-    """Every rank's file records, merged on rank 0 (others get theirs back). All ranks."""
+def gather_files(files: Files, group: dist.ProcessGroup | None,
+                 shapes: dict[str, list[int]]) -> tuple[Files, dict[str, list[int]]]:
+    """Every rank's file records and tensor shapes, merged on rank 0 (others get theirs
+    back): ranks may hold different tensors (pipeline stages). All ranks."""
     if not _dist.initialized():
-        return files
+        return files, shapes
     box: list[Any] = [None] * dist.get_world_size(group) if _dist.rank() == 0 else []
-    dist.gather_object(files, box if _dist.rank() == 0 else None, dst=0, group=group)
+    dist.gather_object((files, shapes), box if _dist.rank() == 0 else None, dst=0,
+                       group=group)
     if _dist.rank() != 0:
-        return files
+        return files, shapes
     merged: Files = {}
-    for part in box:
+    every: dict[str, list[int]] = {}
+    for part, part_shapes in box:
         merged.update(part)
-    return merged
+        every.update(part_shapes)
+    return merged, every
 
 
 def commit(tmp: Path, final: Path, files: Files, shapes: dict[str, list[int]], meta: Any,

@@ -70,5 +70,16 @@ class OptimizerState:
         return _dcp_state().get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Copy loaded optimizer state in."""
+        """Copy loaded optimizer state in.
+
+        Each group's parameter names are this process's own: a checkpoint written by
+        another layout (pipeline stages hold other parameters, and the groups are
+        recorded once, by the first process) names others. The per-parameter state is
+        loaded by name, for this process's parameters only."""
+        groups = state.get("param_groups")
+        if isinstance(groups, list):
+            own = self.state_dict()["param_groups"]
+            if len(own) == len(groups):
+                state = {**state, "param_groups": [
+                    {**g, "params": o["params"]} for g, o in zip(groups, own, strict=False)]}
         _dcp_state().set_optimizer_state_dict(self.model, self.optimizer, state)
