@@ -16,6 +16,7 @@ from tandem.config import DataConfig, PrecisionConfig
 from tandem.data.loader import _cuda_prefetch, to_device, train_batches
 from tandem.data.sampler import Cursor, GlobalBatchSampler
 from tandem.monitor.phases import PhaseClock
+from tandem.parallel.strategy import Strategy
 from tandem.trainer.precision import Precision
 
 NO_CUDA = "no CUDA device"
@@ -102,7 +103,7 @@ def _train(device: torch.device, mode: str) -> dict[str, Any]:
         loss = F.mse_loss(out.float(), yb)
         precision.backward(loss)
         before, scale = watched.detach().clone(), precision.loss_scale
-        precision.grad_norm(optimizer, params, 0.0)
+        precision.grad_norm(optimizer, params, 0.0, Strategy.grad_norm)
         precision.step(optimizer)
         optimizer.zero_grad(set_to_none=True)
         log["loss"].append(loss.item())

@@ -144,11 +144,15 @@ class CharLM(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * layers))
         nn.init.normal_(self.pos, std=0.01)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens) + self.pos[:, : tokens.shape[1]]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under plan.pp a stage holds some of the parts: the others are None.
+        if self.embed is not None:
+            x = self.embed(x) + self.pos[:, : x.shape[1]]
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.head(x) if self.head is not None else x
 
 
 def loss(logits: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -59,6 +59,10 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "optim.momentum_min": (0, "a number in [0, 1)"),
     "optim.momentum_max": (0, "a number in [0, 1)"),
     "plan.tp": (1, "an integer >= 1"),
+    "plan.pp": (1, "an integer >= 1"),
+    "plan.pp_microbatches": (0, "an integer >= 0 (0: train.micro_batch decides)"),
+    "plan.pp_virtual": (1, "an integer >= 1"),
+    "plan.pp_watchdog_s": (0, "a number >= 0 (0: off)"),
     "plan.malloc_threshold_mb": (0, "a number in [0, 32]"),
     "plan.threads": (0, "an integer >= 0 (0: OMP_NUM_THREADS decides)"),
     "checkpoint.every": (0, "an integer >= 0"),
@@ -199,12 +203,38 @@ def validate(config: Config) -> Config:
                          "all-reduce: leave it 'none'")
     if config.plan.strategy in strategies.names("meets_every"):
         _check_low_communication(config)
+    if config.plan.pp > 1:
+        _check_pipeline(config)
     if config.monitor.prometheus_port < -1 or config.monitor.prometheus_port > 65535:
         raise ValueError(f"monitor.prometheus_port: {config.monitor.prometheus_port} must be "
                          "-1 (off), 0 (a free port) or a port number")
     if config.run.name and ("/" in config.run.name or config.run.name in (".", "..")):
         raise ValueError(f"run.name: {config.run.name!r} must be a plain name without '/'")
     return config
+
+
+def _check_pipeline(config: Config) -> None:
+    plan = config.plan
+    if plan.strategy not in ("auto", "ddp"):
+        raise ValueError(f"plan.pp: {plan.pp} pipeline stages combine with data-parallel "
+                         f"replicas only; plan.strategy {plan.strategy!r} does not compose "
+                         "with them here: use 'auto' or 'ddp'")
+    if plan.tp > 1:
+        raise ValueError(f"plan.pp: {plan.pp} with plan.tp {plan.tp}: pipeline and tensor "
+                         "parallelism do not compose here yet; use one of them")
+    if config.precision.mode == "fp16":
+        raise ValueError("plan.pp: precision.mode 'fp16' needs one loss scale agreed by "
+                         "every stage, which the pipeline does not do; use 'bf16' or 'fp32'")
+    if config.train.batch_ramp:
+        raise ValueError("plan.pp: train.batch_ramp changes the micro-batches per step, which "
+                         "a pipeline schedule fixes; leave train.batch_ramp empty")
+    if plan.comm_hook != "none":
+        raise ValueError(f"plan.comm_hook: {plan.comm_hook!r} is a DDP hook; under plan.pp "
+                         "the replicas average their gradients themselves: leave it 'none'")
+    if plan.pp_microbatches:
+        from tandem.parallel import schedules  # a strategy's module: imported when used
+
+        schedules.check(plan.pp_schedule, plan.pp, plan.pp_virtual, plan.pp_microbatches)
 
 
 def _check_low_communication(config: Config) -> None:

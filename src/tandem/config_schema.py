@@ -159,6 +159,31 @@ class PlanConfig:
     fsdp_reduce_dtype: Literal["fp32", "bf16", "fp16"] = _doc(
         "fp32", "fsdp: dtype of the gradient reduce-scatter"
     )
+    pp: int = _doc(
+        1, "pipeline stages: the model is cut into this many parts along its block list, "
+        "one per process of a pipeline; the other processes are data-parallel replicas of "
+        "the pipeline (1: off). The model's forward must skip its parts that are None"
+    )
+    pp_schedule: Literal["GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS",
+                         "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"] = _doc(
+        "1F1B", "pipeline schedule (torch.distributed.pipelining); Interleaved1F1B, "
+        "LoopedBFS and InterleavedZeroBubble take plan.pp_virtual stages per process, "
+        "ZBVZeroBubble and DualPipeV exactly 2"
+    )
+    pp_microbatches: int = _doc(
+        0, "pipeline micro-batches per step (each the per-process batch / this); 0: those "
+        "train.micro_batch makes"
+    )
+    pp_virtual: int = _doc(1, "pipeline stages per process (multi-stage schedules)")
+    pp_split: str = _doc(
+        "", "pipeline stages' units, stages separated by '|', units by ',' (e.g. "
+        "'embed,pos,blocks.0|blocks.1,norm,head'); empty: the blocks spread evenly, the "
+        "parts before them on the first stage, after them on the last"
+    )
+    pp_watchdog_s: float = _doc(
+        60.0, "stop a pipeline step whose schedule makes no progress for this long, naming "
+        "the schedule, stage and action (0: off)"
+    )
     tp: int = _doc(
         1, "tensor-parallel degree: each data-parallel replica is split over this many "
         "processes along the layers the task's tensor_parallel plan names (1: off)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tandem.parallel.registry import AUTO, DDP, REGISTRY, SINGLE, TP, either
+from tandem.parallel.registry import AUTO, DDP, PP, REGISTRY, SINGLE, TP, either
 
 if TYPE_CHECKING:
     from tandem.config import PlanConfig
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 def strategy_name(plan: PlanConfig, world_size: int) -> str:
     """The concrete strategy for this world size ("tp": data x tensor parallel)."""
+    if plan.pp > 1:
+        return PP.name
     if plan.tp > 1:
         return TP.name
     if plan.strategy == AUTO.name:
@@ -45,7 +47,8 @@ def plan_layout(plan: PlanConfig, runtime: Runtime) -> Layout:
     from tandem.parallel.mesh import layout
 
     shard = REGISTRY[strategy_name(plan, runtime.world_size)].load().shards_weights
-    return layout(plan.tp, runtime.rank, runtime.world_size, runtime.device, shard=shard)
+    return layout(plan.tp, runtime.rank, runtime.world_size, runtime.device, shard=shard,
+                  pp=plan.pp)
 
 
 def build_strategy(plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> Strategy:

@@ -4,7 +4,8 @@ The mesh's axes, outermost first, are pipeline stages (`pp`), data-parallel repl
 (`dp_replicate`: each holds whole weights, DDP), data-parallel shards (`dp_shard`: the
 weights split over them, FSDP) and tensor-parallel peers (`tp`). A rank's data-parallel
 index counts over both data axes: the data it reads depends on it only. Pipeline
-parallelism is not built yet: `pp` is 1.
+stages combine with data-parallel replicas (a (pp, dp) mesh), not yet with shards or
+tensor parallelism.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class Layout:
 
     sizes: tuple[int, int, int, int]  # processes along each of AXES
     coords: tuple[int, int, int, int]  # this rank's index along each of AXES
-    mesh: DeviceMesh | None = None  # the (dp, tp) device mesh; None when tp_size == 1
+    mesh: DeviceMesh | None = None  # the (dp, tp) or (pp, dp) mesh; None when both are 1
 
     def size(self, axis: str) -> int:
         """Processes along `axis` (one of AXES)."""
@@ -61,9 +62,14 @@ class Layout:
         return None if self.mesh is None else self.mesh.get_group("dp")
 
     @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The ranks of this rank's pipeline (None without pipeline stages)."""
+        return None if self.size("pp") == 1 or self.mesh is None else self.mesh.get_group("pp")
+
+    @property
     def tp_mesh(self) -> DeviceMesh | None:
         """The tensor-parallel sub-mesh (None without tensor parallelism)."""
-        return None if self.mesh is None else self.mesh["tp"]
+        return None if self.mesh is None or self.size("tp") == 1 else self.mesh["tp"]
 
 
 def coords_of(rank: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
@@ -76,10 +82,20 @@ def coords_of(rank: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def layout(tp: int, rank: int, world_size: int, device: torch.device,
-           shard: bool = False) -> Layout:
-    """The layout of `world_size` ranks with `tp` tensor-parallel peers per replica; the
-    data-parallel processes are shards of the weights (`shard`, FSDP) or replicas. Builds
-    the device mesh when tp > 1."""
+           shard: bool = False, pp: int = 1) -> Layout:
+    """The layout of `world_size` ranks with `tp` tensor-parallel peers per replica (or
+    `pp` pipeline stages); the data-parallel processes are shards of the weights (`shard`,
+    FSDP) or replicas. Builds the device mesh when tp > 1 or pp > 1."""
+    if pp > 1:
+        if tp > 1 or shard:
+            raise ValueError(f"plan.pp: {pp} pipeline stages combine with data-parallel "
+                             "replicas only (plan.strategy 'auto' or 'ddp', plan.tp 1)")
+        if world_size % pp:
+            raise ValueError(f"plan.pp: {pp} does not divide the {world_size} processes; "
+                             f"use a divisor of {world_size}")
+        dp = world_size // pp
+        mesh = init_device_mesh(device.type, (pp, dp), mesh_dim_names=("pp", "dp"))
+        return Layout(sizes=(pp, dp, 1, 1), coords=(rank // dp, rank % dp, 0, 0), mesh=mesh)
     if tp < 1:
         raise ValueError(f"plan.tp: {tp} must be >= 1")
     if world_size % tp:

@@ -77,9 +77,13 @@ TP = StrategyInfo(
     name="tp", path="tandem.parallel.tensor:TensorParallelStrategy",
     summary="data x tensor parallel, chosen by plan.tp > 1", choosable=False,
     exact=True)
+PP = StrategyInfo(
+    name="pp", path="tandem.parallel.pipeline:PipelineStrategy",
+    summary="pipeline stages x data-parallel replicas, chosen by plan.pp > 1",
+    choosable=False, exact=True)
 
 REGISTRY: dict[str, StrategyInfo] = {
-    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, TP)}
+    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, TP, PP)}
 # The values `plan.strategy` accepts, in the order the reference lists them.
 CHOICES: tuple[str, ...] = tuple(s.name for s in REGISTRY.values() if s.choosable)
 

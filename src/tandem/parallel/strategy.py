@@ -113,6 +113,12 @@ class Strategy:
         assert self.model is not None, "wrap() first"
         return self.model
 
+    def naming_module(self) -> nn.Module:
+        """The module whose names key the optimizer's state in checkpoints (the wrapped
+        module: its names are the user's module's)."""
+        assert self.model is not None, "wrap() first"
+        return self.model
+
     # ------------------------------------------------------------ each step
     def forward_backward(self, micro_batches: MicroBatches, loss_of: LossOf,
                          backward: Backward = plain_backward, probe: bool = False,
@@ -138,6 +144,17 @@ class Strategy:
                 backward(loss / count)
             total += loss.detach().float()
         return total
+
+    @staticmethod
+    def grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        """The global norm of the (complete) gradients of `params`; clip them to
+        `max_norm` when it is > 0."""
+        if max_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        # FSDP2: the norm of sharded (DTensor) gradients is a replicated DTensor.
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def no_sync(self) -> contextlib.AbstractContextManager[None]:
         """A context for accumulation micro-batches that skips gradient synchronisation."""

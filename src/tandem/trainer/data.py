@@ -37,7 +37,16 @@ def build_data(task: Task, config: Config, dp_size: int) -> RunData:
     and at every world size."""
     train = config.train
     ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
-    batches = BatchPlan.of(train.global_batch, train.micro_batch, dp_size, ramp)
+    micro = train.micro_batch
+    if config.plan.pp > 1 and config.plan.pp_microbatches:  # the schedule's micro-batches
+        per_rank, count = train.global_batch // dp_size, config.plan.pp_microbatches
+        if train.global_batch % dp_size or per_rank % count:
+            raise ValueError(f"plan.pp_microbatches: {count} micro-batches do not divide the "
+                             f"batch of each pipeline (train.global_batch "
+                             f"{train.global_batch} / {dp_size} pipelines); use a divisor of "
+                             f"{per_rank}")
+        micro = per_rank // count
+    batches = BatchPlan.of(train.global_batch, micro, dp_size, ramp)
     if config.plan.static_graph and (batches.accum > 1 or ramp):
         raise ValueError(
             f"plan.static_graph: true with {batches.accum} accumulation passes a step (or "

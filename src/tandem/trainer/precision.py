@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from tandem.config import PrecisionConfig
 from tandem.trainer.attention import FullPrecisionAttention, resolve
+
+NormOf = Callable[[list[torch.nn.Parameter], float], torch.Tensor]  # Strategy.grad_norm
 
 
 class Precision:
@@ -59,20 +61,14 @@ class Precision:
         self.scaler.scale(loss).backward()
 
     def grad_norm(self, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-                  max_norm: float) -> torch.Tensor:
+                  max_norm: float, norm_of: NormOf) -> torch.Tensor:
         """The true (unscaled) global gradient norm; clip to `max_norm` when it is > 0.
 
         Called after the gradients are complete (all-reduced, accumulated), so the norm
-        is the same on every rank.
+        (the strategy's `norm_of`) is the same on every rank.
         """
         self.scaler.unscale_(optimizer)
-        if max_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        else:
-            grads = [p.grad for p in params if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads)
-        # FSDP2: the norm of sharded (DTensor) gradients is a replicated DTensor.
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        return norm_of(params, max_norm)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         """Step the optimizer (skipped by the scaler if fp16 gradients overflowed)."""

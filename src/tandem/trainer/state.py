@@ -17,6 +17,7 @@ import torch
 from tandem.checkpoint import ModelWeights, OptimizerState
 from tandem.components.base import Held, Stateful
 from tandem.data.sampler import Cursor
+from tandem.parallel.strategy import Strategy
 
 
 @dataclass(kw_only=True)
@@ -76,11 +77,12 @@ class Progress:
             setattr(self, f.name, getattr(fresh, f.name))
 
 
-def own_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Stateful,
+def own_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
                precision: Stateful, state: TrainState, progress: Progress) -> list[Held]:
     """The trainer's own states, listed like the components': all but the run's Progress
-    go back with the weights in a rollback."""
+    go back with the weights in a rollback. The optimizer's state is keyed by the names
+    the strategy gives its parameters (`Strategy.naming_module`)."""
     return [Held("model", ModelWeights(model), True),
-            Held("optim", OptimizerState(model, optimizer), True),
+            Held("optim", OptimizerState(strategy.naming_module(), optimizer), True),
             Held("strategy", strategy, True), Held("precision", precision, True),
             Held("train", state, True), Held("progress", progress, False)]

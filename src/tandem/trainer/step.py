@@ -130,7 +130,8 @@ class StepRunner:
         precision, clock = p.precision, p.monitor.clock
         clock.begin("optim", on_device=True)
         with p.strategy.optimizer_context():
-            norm = precision.grad_norm(p.optimizer, p.params, p.config.train.grad_clip)
+            norm = precision.grad_norm(p.optimizer, p.params, p.config.train.grad_clip,
+                                       p.strategy.grad_norm)
             # The norm is of the reduced gradient, so every rank takes the same branch.
             skip = self.guard_nonfinite and not bool(torch.isfinite(norm))
             if not skip:
