@@ -139,14 +139,20 @@ def test_combine_adds_log_ratios_and_their_variances() -> None:
 
 
 def test_decision_rules() -> None:
-    placebo = stats.Interval(1.01, 0.9, 1.12, 3)
-    floor = stats.noise_floor(placebo, 0.05)
-    assert floor == 1.12 and stats.noise_floor(stats.Interval(1, 0.99, 1.02, 3), 0.05) == 1.05
-    assert stats.noise_floor(None) == math.inf
-    # an A/A ratio has no direction: a placebo far below 1 is as much noise as one above
+    # a placebo whose interval covers 1 shows no bias: the floor is 1 + min_gain (its
+    # spread is in the pooled noise of every arm's own interval already)
+    assert stats.noise_floor(stats.Interval(1.01, 0.9, 1.12, 3), 0.05) == 1.05
+    assert stats.noise_floor(stats.Interval(1.01, 0.4, 2.5, 3), 0.05) == 1.05
+    # one that excludes 1 is a bias of the machine: the floor rises to it, either side
+    # (an A/A ratio has no direction)
+    assert stats.noise_floor(stats.Interval(1.2, 1.1, 1.3, 3), 0.05) == 1.2
     low_side = stats.noise_floor(stats.Interval(0.75, 0.6, 0.94, 3), 0.05)
-    assert low_side == pytest.approx(1 / 0.6)
+    assert low_side == pytest.approx(1 / 0.75)
+    assert stats.noise_floor(None) == math.inf
     assert stats.noise_floor(stats.Interval(1.0, 0.0, math.inf, 1)) == math.inf  # df 0
+    assert stats.share_confidence(0.95, 1.0) == pytest.approx(0.95)
+    assert stats.share_confidence(0.95, 0.25) == pytest.approx(0.9875)
+    floor = 1.12
     assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 2), floor) == "win"
     assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 1), floor) == "win"  # sequential: one pair
     assert stats.judge(stats.Interval(1.5, 1.2, 1.8, 1), floor, min_pairs=2) == "more"

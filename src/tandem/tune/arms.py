@@ -60,6 +60,7 @@ class Arm:
     reference: dict[str, Any]  # the reference plan's changes over the job's own plan
     control: str = ""  # launcher control (the in-memory data shim)
     figure: str = "wall"  # the figure its decisions use
+    share: float = 1.0  # the fraction of the session's error rate it may spend
     pairs: list[Pair] = field(default_factory=list)
     failure: RunOutcome | None = None
 
@@ -140,11 +141,12 @@ class Bench:
               max_pairs: int = stats.MAX_PAIRS) -> str:
         """'win', 'lose', 'more' or 'undecided' (`stats.judge`, the sequential rule: each
         look at the confidence `stats.look_confidence` gives); 'more' with no pair."""
-        nominal = self.interval(arm)
+        confidence = stats.share_confidence(self.confidence, arm.share)
+        nominal = self.interval(arm, confidence=confidence)
         if nominal is None:
             return "more"
         look = self.interval(arm, confidence=stats.look_confidence(
-            self.confidence, max_pairs, len(arm.logs())))
+            confidence, max_pairs, len(arm.logs())))
         assert look is not None
         return stats.judge(look, self.floor(arm.figure), min_pairs, max_pairs, nominal)
 
@@ -157,7 +159,8 @@ class Bench:
         in order; at the first whose lower bound no longer clears the floor, it and every
         later one (measured on top of it) are revoked."""
         for i, arm in enumerate(adopted):
-            iv = self.interval(arm)
+            iv = self.interval(arm, confidence=stats.share_confidence(self.confidence,
+                                                                      arm.share))
             if iv is None or not iv.low > self.floor(arm.figure):
                 return adopted[:i], adopted[i:]
         return list(adopted), []

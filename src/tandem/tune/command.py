@@ -12,6 +12,7 @@ from tandem.tune import planfile, space
 from tandem.tune import stats as tstats
 from tandem.tune.common import decision_table, parse_duration, runner_from
 from tandem.tune.session import Settings, Tuner, TuneResult, session_id
+from tandem.tune.trial import warm_workers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="steps of the convergence guardrail (0: the trial runs' own)")
     parser.add_argument("--trial-timeout", type=float, default=300.0,
                         help="seconds before a trial run is killed and recorded as hung")
+    parser.add_argument("--cold", action="store_true",
+                        help="start every trial's workers cold (default: forked warm from "
+                             "a fork server the session starts)")
     parser.add_argument("--try", dest="tries", action="append", default=[],
                         metavar="KEY=VALUE[,KEY=VALUE]",
                         help="a candidate to try first (repeatable)")
@@ -92,7 +96,8 @@ def run(ns: argparse.Namespace, console: Console) -> int:
                   f"{settings.budget_s:.0f} s, at most {settings.max_trials} trials")
     tuner = Tuner(runner, settings, session, extra,
                   echo=lambda line: console.print(line, highlight=False, markup=False))
-    result = tuner.run()
+    with warm_workers(runner, enabled=not ns.cold):
+        result = tuner.run()
     text = planfile.render(result, ns.script, runner.nproc, str(runner.store_path),
                            settings.min_gain)
     path = planfile.write(Path(ns.out), text)

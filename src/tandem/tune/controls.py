@@ -16,7 +16,7 @@ when it is not given a Bench that has it). The figure is the step's throughput
 ('step': training time only), since the prediction is about the step.
 
 Decision rule, with p the predicted speed-up, [lo, hi] the measured interval and floor
-the noise floor (`stats.noise_floor`: 1 + min_gain, and the placebo's reach either side of 1):
+the noise floor (`stats.noise_floor`: 1 + min_gain, or the placebo's bias when it shows one):
 
 * **refuted**: hi < 1 + (p - 1) / 2: even the upper bound gives less than half the
   predicted gain (without a prediction: hi < 1 + min_gain, no gain worth having);

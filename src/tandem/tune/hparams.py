@@ -23,7 +23,7 @@ confirm it (`arms.py`): the current settings against themselves (a placebo of
 PLACEBO_PAIRS pairs) and the best trial's settings against the current ones in pairs of
 runs with alternating order, the figure being 1 / time to target; adopted when the
 lower bound of its speed-up clears the noise floor (`stats.noise_floor`: 1 + min_gain,
-and the placebo's reach either side of 1). A best trial that one run each shows no
+or the placebo's bias when it shows one). A best trial that one run each shows no
 faster than 1 + min_gain is not confirmed at all.
 
 The study lives in the run store's own SQLite file (Optuna's tables beside tandem's,

@@ -36,7 +36,7 @@ def render(result: TuneResult, script: str, nproc: int, store: str, min_gain: fl
                      f"clear {noise.get('floor', math.inf):.3g}x at its lower bound")
     if not result.changes:
         lines.append(f"# keep the current plan: no change cleared the noise floor (at least "
-                     f"{1 + min_gain:g}x and the placebo's reach either side of 1) and the "
+                     f"{1 + min_gain:g}x, or the placebo's bias when it showed one) and the "
                      "convergence guardrail")
         return "\n".join(lines) + "\n"
     if result.speedup is not None:

@@ -10,9 +10,11 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    one's do.
 3. **Placebo**: the current plan against itself, PLACEBO_FIRST pairs first (A0 the first
    reference); its further pairs, up to --placebo-pairs, are interleaved with the
-   candidates' (one before each candidate pair after the first). Its interval is what a
-   change that does nothing shows on this machine today; every decision's lower bound
-   must clear it (`stats.noise_floor`).
+   candidates' (one before each candidate pair after the first). Its pairs count in the
+   pooled noise every interval is taken with; when its interval shows a bias (two runs
+   of one plan differing systematically), every decision's lower bound must clear that
+   bias too (`stats.noise_floor`). The k-th candidate spends 2^-k of the session's error
+   rate (`stats.py`).
 4. **Candidates**: the user's own (--try) first, in their order; then the tuner's,
    largest predicted gain first (`by_predicted_gain`: the smells and
    measured candidates carry one), then each diagnosed family after its control
@@ -360,7 +362,9 @@ class Tuner:
                          f"not a valid config here: {problem}")
             return False
         self.trials += 1
-        arm = self.bench.add(Arm(cand.label, "candidate", changes, dict(self.incumbent)))
+        # the k-th candidate spends 2^-k of the session's error rate (`stats.py`)
+        arm = self.bench.add(Arm(cand.label, "candidate", changes, dict(self.incumbent),
+                                 share=0.5 ** self.trials))
         if cand.predicted:
             self.stretch[self._key(changes)] = cand.predicted
         verdict, error, guard_verdict = "more", "", None

@@ -31,21 +31,27 @@ independent computations in tests/unit/test_tune_stats.py:
   exp(mean r +- t(df) * sd / sqrt(n)).
 * **The placebo.** Every session measures an A/A arm: the reference plan against
   itself. Its interval is what a change that does nothing shows on this machine today.
-* **Noise floor and decisions** (`noise_floor`, `judge`, `look_confidence`): floor =
-  max(1 + min_gain, the placebo's upper bound, the inverse of its lower bound). Which
-  run of an A/A pair is "A" is arbitrary, so a placebo measured at 0.75 [0.60, 0.94]
-  says that two runs of one plan can differ by 1/0.60 = 1.67x on this machine today, as
-  surely as one at 1.33 [1.06, 1.67] does. An arm is judged after each of its pairs, at
-  most max_pairs times (a sequential test): its interval is taken at the look's
-  confidence (`look_confidence`: half the error rate spent on the first look, the other
-  half split evenly over the later ones: a union bound over the looks), so the chance
-  that a plan no faster than the reference wins at any look, wherever the session
-  stops, is at most (1 - confidence) / 2 (2.5% at 95%; the floor's margin makes it far
-  smaller: tested by simulation). It wins as soon as that lower bound exceeds the
-  floor, from its first pair on: an effect that dwarfs the noise is decided in one or
-  two pairs, a small one gets more. It is stopped when its (nominal) upper bound is
-  below the floor (it cannot beat the noise); otherwise it gets another pair, up to
-  max_pairs, after which it is not significant.
+* **Noise floor and decisions** (`noise_floor`, `judge`, `look_confidence`): an arm
+  wins when the lower bound of its own interval exceeds the floor = max(1 + min_gain,
+  the placebo's bias). The arm's interval already carries the machine's noise (the
+  pooled sd, the placebo's pairs included), so the floor does not add the placebo's
+  spread a second time: the placebo's *bias* (its estimate, or its inverse: which run of
+  an A/A pair is "A" is arbitrary) raises the floor only when the placebo's interval
+  excludes 1, i.e. when two runs of one plan differ systematically on this machine
+  today in a way the alternating order did not cancel. An arm is judged after each of
+  its pairs, at most max_pairs times (a sequential test): its interval is taken at the
+  look's confidence (`look_confidence`: half the arm's error rate spent on its first
+  look, the other half split evenly over the later ones: a union bound over the looks).
+  A session tries several arms: each spends a share of the error rate (`Arm.share`; the
+  tuner gives its k-th candidate 2^-k, largest predicted gain first, a weighted
+  Bonferroni bound), so the chance that a session adopts any plan no faster than its
+  reference is at most (1 - confidence) / 2 in all (2.5% at 95%; tested by
+  simulation), while the candidate the diagnosis expects most from keeps most of the
+  power. An arm wins as soon as that lower bound exceeds the floor, from its first pair
+  on: an effect that dwarfs the noise is decided in one or two pairs, a small one gets
+  more. It is stopped when its (nominal) upper bound is below the floor (it cannot beat
+  it); otherwise it gets another pair, up to max_pairs, after which it is not
+  significant.
 """
 
 from __future__ import annotations
@@ -241,12 +247,21 @@ def arm_interval(logs: Sequence[float], sd: float, df: int,
 
 
 def noise_floor(placebo: Interval | None, min_gain: float = MIN_GAIN) -> float:
-    """What a gain's lower bound must exceed: 1 + min_gain, the placebo's upper bound and
-    the inverse of its lower bound (an A/A ratio has no direction), infinite without a
-    placebo or a noise estimate: no winner without a measured noise."""
-    if placebo is None or placebo.low <= 0:
+    """What a gain's lower bound must exceed: 1 + min_gain, raised to the placebo's bias
+    (its estimate, or the estimate's inverse: an A/A ratio has no direction) when its
+    interval excludes 1; infinite without a placebo or a noise estimate: no winner
+    without a measured noise."""
+    if placebo is None or placebo.low <= 0 or not math.isfinite(placebo.high):
         return math.inf
-    return max(1 + min_gain, placebo.high, 1 / placebo.low)
+    bias = 1.0
+    if placebo.low > 1 or placebo.high < 1:
+        bias = max(placebo.estimate, 1 / placebo.estimate)
+    return max(1 + min_gain, bias)
+
+
+def share_confidence(confidence: float, share: float) -> float:
+    """The confidence of an arm that may spend `share` of the session's error rate."""
+    return 1 - (1 - confidence) * share
 
 
 def look_confidence(confidence: float, max_pairs: int, look: int = 1) -> float:

@@ -11,6 +11,14 @@ no checkpoint at the end, the link calibration in the first window (dropped as w
 so its cost is never counted), and a logging window of the tuner's size or the job's,
 whichever is more frequent (a job that logs every step pays for it in every trial).
 The checkpoints a trial wrote are deleted once its figures are read.
+
+Workers start warm (`warm_workers`): the session runs a fork server (the scheduler's,
+`tandem/forkserver.py`) that has imported torch once, and each trial's launcher forks
+its ranks from it, so a run's start-up costs a fraction of a cold one's and a session's
+budget goes to measuring. The runs' figures do not include start-up (the first window
+is warm-up), so a run that started cold (before the server listened, or where a warm
+worker could differ from a cold one: the launcher says so in its log) compares fairly
+with one that started warm.
 """
 
 from __future__ import annotations
@@ -23,12 +31,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tandem.config_schema import _toml_value
+from tandem.forkwire import FORKSERVER_ENV
 from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP
 from tandem.monitor.store import RunStore
 from tandem.status import RunStatus
@@ -121,6 +131,7 @@ class TrialRunner:
     runs: int = 0  # runs launched so far
     job_log_every: int | None = None  # the job's own monitor.log_every, once known
     sample_s: float | None = None  # one training sample's read time (`resolve`), if known
+    forkserver: Any = None  # the session's fork server (`warm_workers`), once started
 
     def command(self, name: str, plan_file: Path, steps: int, log_every: int,
                 control: str, drop: Sequence[str], eval_every: int | None = None,
@@ -168,6 +179,8 @@ class TrialRunner:
         log_file = self.work_dir / f"{name}.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                **self.env}
+        if self.forkserver is not None and self.forkserver.ready():
+            env[FORKSERVER_ENV] = self.forkserver.path
         started = time.monotonic()
         with log_file.open("w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -256,6 +269,24 @@ class TrialRunner:
                           summary=run.get("summary") or {},
                           error="" if run["status"] == RunStatus.COMPLETED else
                           f"run status {run['status']}")
+
+
+@contextmanager
+def warm_workers(runner: TrialRunner, enabled: bool = True) -> Iterator[None]:
+    """While it lasts, `runner`'s trials fork their ranks from a fork server started
+    here (each run once the server listens); the server is stopped at the end."""
+    if not enabled:
+        yield
+        return
+    from tandem.sched.local_backend import ForkServer
+
+    server = ForkServer()
+    runner.forkserver = server
+    try:
+        yield
+    finally:
+        runner.forkserver = None
+        server.close()
 
 
 def windows_of(rate_rows: Sequence[Mapping[str, Any]],

@@ -20,8 +20,8 @@
   const trials = new Map(d.trials.map((t) => [t.trial_id, t]));
   const session = d.session;
   const minGain = ((session.config || {}).tune || {}).min_gain;
-  // What a gain had to clear: the session's noise floor (the placebo's reach either side
-  // of 1, at least 1 + min_gain) once recorded, else 1 + min_gain.
+  // What a gain had to clear: the session's noise floor (1 + min_gain, or the placebo's
+  // bias when it showed one) once recorded, else 1 + min_gain.
   const recordedFloor = T.num(((session.summary || {}).noise || {}).floor);
   const floor = Number.isFinite(recordedFloor) ? recordedFloor : minGain !== undefined ? 1 + minGain : undefined;
   const interval = (x, suffix) => x && typeof x === "object" && "estimate" in x
