@@ -35,6 +35,14 @@ class RunConfig:
         "comma-separated keys (train.global_batch, optim.schedule, train.steps under a "
         "stretched schedule, optimizer, ...) or 'all'"
     )
+    init_from: str = _doc(
+        "", "start a fresh run from these weights: a tandem run directory or checkpoint "
+        "directory (any world size or layout), a .safetensors file or a folder of them "
+        "(a sharded index included); a resumed run continues from its own checkpoint")
+    init_partial: bool = _doc(
+        False, "run.init_from: load the keys that match the model by name and shape and "
+        "keep the others as initialised (a new head), reporting them; off: any missing, "
+        "unexpected or mismatched key is an error")
 
 
 @dataclass(kw_only=True)
@@ -79,6 +87,10 @@ class TrainConfig:
         0.0, "label smoothing of the training loss when Task.loss is tandem.CrossEntropy() "
         "(evaluation reports the plain loss; 0: off)"
     )
+    freeze: str = _doc(
+        "", "parameters that take no gradient: comma-separated glob patterns over the "
+        "model's parameter names, e.g. '0.*,1.*' (out of DDP buckets and the optimizer; "
+        "empty: train all)")
     seq_ramp: str = _doc(
         "", "grow the training sequence length: 'STEP:LEN,...' cuts dim 1 of every batch "
         "tensor with 2+ dims to LEN from STEP on, LEN 0 being the full length, the first at "

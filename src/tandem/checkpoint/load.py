@@ -86,7 +86,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     return manifest.read(Path(path))["meta"]
 
 
-def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+def load(path: Path, state: dict[str, Any], strict: bool = True) -> dict[str, Any]:
     """Load a checkpoint's tensors into ``state`` in place and return its ``meta``.
 
     Must be called on all ranks when a process group exists; DCP reshards, so the
@@ -94,6 +94,8 @@ def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     ``state`` are loaded (``{"model": ...}`` alone loads a training checkpoint's
     weights). Raise ValueError naming missing, unexpected and shape-mismatched keys
     when the checkpoint does not fit ``state``, CheckpointError when it is unusable.
+    ``strict=False`` loads a subset the caller has matched to the checkpoint already
+    (keys it holds with their shapes): the checkpoint's other keys are not reported.
     """
     # Imported here: DCP imports DTensor, a large part of start-up, which a run
     # that never saves or loads a checkpoint should not pay.
@@ -107,8 +109,9 @@ def load(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     # but the metadata, the one file that is unpickled, is hashed right before reading.
     found = manifest.verify(path, hashes=False)
     manifest.verify_metadata(path, found)
-    wanted = manifest.tensor_shapes(state)
-    check_shapes(path, found["shapes"], wanted, _dist.union(set(wanted)))
+    if strict:
+        wanted = manifest.tensor_shapes(state)
+        check_shapes(path, found["shapes"], wanted, _dist.union(set(wanted)))
     try:
         with _dist.single_process_quiet():
             dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(),

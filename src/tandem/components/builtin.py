@@ -9,14 +9,21 @@ from tandem.components.liveness import Liveness
 from tandem.components.model import Compile, Recompute
 from tandem.config import Config
 from tandem.faults import FaultPlan
+from tandem.finetune.freeze import Freeze, parse_patterns
+from tandem.finetune.init_from import InitFrom
 from tandem.runtime import Runtime
 
 
 def builtin(config: Config, runtime: Runtime) -> list[Component]:
-    """Activation checkpointing before compilation (as the plan applies them), the weight
-    average, then liveness before fault injection (a rank killed by a fault is last seen
-    where it was killed)."""
+    """Freezing and the initial weights first (every later component sees the model they
+    make), activation checkpointing before compilation (as the plan applies them), the
+    weight average, then liveness before fault injection (a rank killed by a fault is
+    last seen where it was killed)."""
     out: list[Component] = []
+    if config.train.freeze:
+        out.append(Freeze(parse_patterns(config.train.freeze)))
+    if config.run.init_from:
+        out.append(InitFrom(config.run.init_from, config.run.init_partial))
     if config.plan.activation_checkpointing:
         out.append(Recompute())
     if config.plan.compile:

@@ -71,8 +71,8 @@ class Trainer:
                                                     runtime.device)
         self.model = self.strategy.distribute(model, task.tensor_parallel)
         with preflight.stage():
-            self.optimizer = preflight.check_optimizer(task.optimizer(self.model.parameters()))
             self.params = [p for p in self.model.parameters() if p.requires_grad]
+            self.optimizer = preflight.check_optimizer(task.optimizer(self.params))
             share = getattr(self.optimizer, "share_work", None)  # e.g. Muon
             if share is not None and self.strategy.identical_replicas and self.layout.dp_size > 1:
                 share(self.layout.dp_group, self.strategy.shared_memory())
