@@ -34,6 +34,7 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "train.steps": (1, "an integer >= 1"),
     "train.global_batch": (1, "an integer >= 1"),
     "train.micro_batch": (0, "an integer >= 0"),
+    "train.lora_rank": (0, "an integer >= 0 (0: off)"),
     "train.grad_clip": (0, "a number >= 0"),
     "train.eval_every": (0, "an integer >= 0"),
     "train.eval_batch": (1, "an integer >= 1"),
@@ -181,6 +182,12 @@ def validate(config: Config) -> Config:
                          "range; expected a number in (0, 1]")
     if config.train.seq_ramp:
         parse_seq_ramp(config.train.seq_ramp)
+    if config.train.lora_rank and (config.plan.strategy == strategies.FSDP.name
+                                   or config.plan.tp > 1 or config.plan.pp > 1):
+        raise ValueError(f"train.lora_rank: adapters are built for whole layers on every "
+                         f"rank; plan.strategy {config.plan.strategy!r}, plan.tp "
+                         f"{config.plan.tp}, plan.pp {config.plan.pp} split them (use one "
+                         "process, ddp, localsgd or diloco)")
     if config.train.batch_ramp:
         parse_ramp(config.train.batch_ramp, config.train.global_batch)
         if "rollback" in (config.fault.nonfinite, config.fault.spike):

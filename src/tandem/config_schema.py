@@ -91,6 +91,14 @@ class TrainConfig:
         "", "parameters that take no gradient: comma-separated glob patterns over the "
         "model's parameter names, e.g. '0.*,1.*' (out of DDP buckets and the optimizer; "
         "empty: train all)")
+    lora_rank: int = _doc(
+        0, "LoRA adapters of this rank on the model's Linear layers; every other "
+        "parameter frozen (0: off; one process, DDP or low-communication plans)")
+    lora_alpha: float = _doc(16.0, "LoRA scaling numerator: updates are scaled by "
+                                   "lora_alpha / lora_rank")
+    lora_targets: str = _doc(
+        "", "the Linear layers that get adapters: comma-separated glob patterns over module "
+        "names, e.g. '*.q,*.v' (empty: every nn.Linear)")
     seq_ramp: str = _doc(
         "", "grow the training sequence length: 'STEP:LEN,...' cuts dim 1 of every batch "
         "tensor with 2+ dims to LEN from STEP on, LEN 0 being the full length, the first at "

@@ -113,3 +113,51 @@ def test_a_source_that_is_not_weights_is_named(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="not a tandem run directory"):
         _fit(tmp_path / "a", 1, run__init_from=str(tmp_path / "notes.txt"))
+
+
+def test_lora_trains_only_adapters_and_merges_into_the_base_model(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from tandem.finetune.lora import LoRALinear, merged_state_dict, save_adapter
+
+    base = _fit(tmp_path / "base", 4).model.state_dict()
+    start = Seen()
+    result = _fit(tmp_path / "lora", 6, [start], run__init_from=str(tmp_path / "base" / "toy"),
+                  train__lora_rank=2, train__lora_alpha=4.0, train__lora_targets="2")
+    model = result.model
+    assert isinstance(model[2], LoRALinear) and type(model[0]) is nn.Linear
+    # only the adapters reach the optimizer; the base weights never move
+    assert [id(p) for p in start.optimized] == [id(model[2].lora_A.weight),
+                                                id(model[2].lora_B.weight)]
+    after = model.state_dict()
+    for name, value in base.items():
+        assert torch.equal(after[name], value), name
+    assert not torch.equal(after["2.lora_B.weight"], torch.zeros(3, 2))
+    # the merged weights in a plain model compute what the adapted model computes
+    plain = toy_task.make_model()
+    plain.load_state_dict(merged_state_dict(model))
+    x = torch.randn(7, 12)
+    torch.testing.assert_close(plain(x), model(x), rtol=1e-5, atol=1e-6)
+    expected = base["2.weight"] + 2.0 * after["2.lora_B.weight"] @ after["2.lora_A.weight"]
+    torch.testing.assert_close(plain[2].weight, expected)
+    # PEFT's layout: names, config
+    out = save_adapter(model, tmp_path / "adapter")
+    saved = load_file(str(out / "adapter_model.safetensors"))
+    assert set(saved) == {"base_model.model.2.lora_A.weight", "base_model.model.2.lora_B.weight"}
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (2, 4.0, ["2"])
+
+
+def test_lora_resumes_bit_exact(tmp_path: Path) -> None:
+    whole = _fit(tmp_path / "whole", 6, train__lora_rank=2).model.state_dict()
+    _fit(tmp_path / "parts", 3, train__lora_rank=2)
+    resumed = _fit(tmp_path / "parts", 6, train__lora_rank=2).model.state_dict()
+    for name, value in whole.items():
+        assert torch.equal(resumed[name], value), name
+
+
+def test_lora_refuses_what_it_cannot_adapt(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"'9' matches no nn.Linear; .* 0, 2"):
+        _fit(tmp_path / "a", 1, train__lora_rank=2, train__lora_targets="9")
+    with pytest.raises(ValueError, match="train.lora_rank: adapters .* 'fsdp'"):
+        _fit(tmp_path / "b", 1, train__lora_rank=2, plan__strategy="fsdp")

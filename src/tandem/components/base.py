@@ -5,6 +5,8 @@ run's components are listed, the same way for every plan:
 
 - `transform_model(model, device)`: change the built module before it is distributed
   (freeze parameters, recompute activations, compile, insert adapters);
+- `rebuilt(model)`: make the same change of structure on a fresh build of the module,
+  for the trained model handed back at the end (its weights are then copied in);
 - `setup(parts)`: take hold of the distributed model and the optimizer;
 - `before_step(step)`, `loss(loss, outputs, batch)`, `after_step(step, skipped)`: around
   each optimizer step; `loss` sees every micro-batch's loss and returns the loss to train;
@@ -67,6 +69,12 @@ class Component:
 
     def transform_model(self, model: nn.Module, device: torch.device) -> nn.Module:
         """The module to distribute instead of `model` (in place or a new one). Local."""
+        return model
+
+    def rebuilt(self, model: nn.Module) -> nn.Module:
+        """`model`, a fresh build of the user's module, with the structure
+        `transform_model` gave the trained one (adapters, for instance), so that the
+        trained weights load into it. Only structure matters: its weights are replaced."""
         return model
 
     def setup(self, parts: RunParts) -> None:

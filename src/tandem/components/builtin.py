@@ -11,6 +11,7 @@ from tandem.config import Config
 from tandem.faults import FaultPlan
 from tandem.finetune.freeze import Freeze, parse_patterns
 from tandem.finetune.init_from import InitFrom
+from tandem.finetune.lora import LoRA
 from tandem.runtime import Runtime
 
 
@@ -22,6 +23,9 @@ def builtin(config: Config, runtime: Runtime) -> list[Component]:
     out: list[Component] = []
     if config.train.freeze:
         out.append(Freeze(parse_patterns(config.train.freeze)))
+    if config.train.lora_rank:
+        out.append(LoRA(config.train.lora_rank, config.train.lora_alpha,
+                        parse_patterns(config.train.lora_targets)))
     if config.run.init_from:
         out.append(InitFrom(config.run.init_from, config.run.init_partial))
     if config.plan.activation_checkpointing:

@@ -47,6 +47,12 @@ class Chain:
             model = c.transform_model(model, device)
         return model
 
+    def rebuilt(self, model: nn.Module) -> nn.Module:
+        """A fresh build given the trained module's structure, in order."""
+        for c in self.components:
+            model = c.rebuilt(model)
+        return model
+
     def setup(self, parts: RunParts) -> None:
         """Every component takes hold of the distributed run."""
         for c in self.components:

@@ -13,7 +13,8 @@ The source is one of:
 The loaded keys are matched to the model's parameter and buffer names: missing keys
 (the model has, the source lacks), unexpected keys (the other way) and shape mismatches
 are reported, and are an error unless `run.init_partial` allows them (a new head, for
-instance: its weights keep their initialisation). Only the weights are loaded, at a
+instance: its weights keep their initialisation); LoRA adapters (`train.lora_rank`)
+that the source lacks start as initialised without being reported. Only the weights are loaded, at a
 fresh start; a run that resumes from its own checkpoint continues from that instead.
 """
 
@@ -42,7 +43,9 @@ def _names(keys: list[str]) -> str:
 def match(model_shapes: dict[str, list[int]], source_shapes: dict[str, list[int]]
           ) -> tuple[list[str], dict[str, list[str]]]:
     """(keys to load, {'missing', 'unexpected', 'shape mismatch': keys})."""
-    missing = sorted(model_shapes.keys() - source_shapes.keys())
+    # LoRA adapters a base model never had start as initialised (B = 0: the base model)
+    missing = sorted(k for k in model_shapes.keys() - source_shapes.keys()
+                     if ".lora_A." not in k and ".lora_B." not in k)
     unexpected = sorted(source_shapes.keys() - model_shapes.keys())
     both = model_shapes.keys() & source_shapes.keys()
     mismatched = sorted(f"{k} (source {source_shapes[k]}, model {model_shapes[k]})"

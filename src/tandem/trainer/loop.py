@@ -290,7 +290,8 @@ class Trainer:
 
     def export(self) -> torch.nn.Module | None:
         """The trained model, owned by no process group (`exported`). All ranks."""
-        return exported(self.strategy, self.task.model, self.components)
+        build = self.task.model  # rebuilt with the structure the components gave it
+        return exported(self.strategy, lambda: self.components.rebuilt(build()), self.components)
 
     def describe_ranks(self) -> str:
         """Where every rank was last seen (for hang reports)."""

@@ -1,5 +1,6 @@
-"""`run.init_from` a one-process run into two FSDP2 ranks with `train.freeze`: DCP reshards
-the source into each rank's shards; the frozen shards keep the source's values."""
+"""Fine-tuning at two ranks: `run.init_from` a one-process run into FSDP2 with `train.freeze`
+(DCP reshards the source into each rank's shards; the frozen shards keep the source's
+values), and LoRA under DDP against the same run in one process."""
 
 from __future__ import annotations
 
@@ -54,3 +55,25 @@ def test_init_from_one_process_into_fsdp_shards_with_frozen_layers(tmp_path: Pat
     for name in ("0.weight", "0.bias"):
         assert torch.equal(final[name], source[name]), name
     assert not torch.equal(final["2.weight"], source["2.weight"])
+
+
+def _lora_leg(rank: int, world: int, out: str) -> None:
+    cfg = toy_task.config(out, 4, 20, plan={"strategy": "ddp"})
+    cfg.train.lora_rank = 2
+    result = tandem.fit(toy_task.task(), config=cfg)
+    if rank == 0:
+        torch.save(result.model.state_dict(), Path(out, "final.pt"))
+
+
+@pytest.mark.timeout(300)
+def test_lora_under_ddp_trains_what_one_process_trains(tmp_path: Path) -> None:
+    one = toy_task.config(str(tmp_path / "one"), 4, 20)
+    one.train.lora_rank = 2
+    reference = tandem.fit(toy_task.task(), config=one).model.state_dict()
+    out = tmp_path / "two"
+    out.mkdir()
+    run_ranks(_lora_leg, 2, str(out), timeout=240)
+    two = torch.load(out / "final.pt", weights_only=True)
+    assert set(two) == set(reference)
+    for name, value in reference.items():
+        torch.testing.assert_close(two[name], value, rtol=1e-5, atol=1e-6, msg=name)
