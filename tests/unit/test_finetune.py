@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import tandem
+from tandem.checkpoint import manifest
 from tandem.finetune.freeze import frozen_names
 from tests.dist import toy_task
 
@@ -161,3 +162,17 @@ def test_lora_refuses_what_it_cannot_adapt(tmp_path: Path) -> None:
         _fit(tmp_path / "a", 1, train__lora_rank=2, train__lora_targets="9")
     with pytest.raises(ValueError, match="train.lora_rank: adapters .* 'fsdp'"):
         _fit(tmp_path / "b", 1, train__lora_rank=2, plan__strategy="fsdp")
+
+
+def test_lora_from_a_base_checkpoints_the_adapters_only_and_resumes_bit_exact(
+        tmp_path: Path) -> None:
+    _fit(tmp_path / "base", 4)
+    lora = {"run__init_from": str(tmp_path / "base" / "toy"), "train__lora_rank": 2}
+    whole = _fit(tmp_path / "whole", 6, **lora).model.state_dict()
+    _fit(tmp_path / "parts", 3, **lora)
+    ckpt = next((tmp_path / "parts" / "toy" / "checkpoints").glob("step_*"))
+    model_keys = {k for k in manifest.read(ckpt)["shapes"] if k.startswith("model.")}
+    assert model_keys == {f"model.{i}.lora_{ab}.weight" for i in (0, 2) for ab in "AB"}
+    resumed = _fit(tmp_path / "parts", 6, **lora).model.state_dict()
+    for name, value in whole.items():
+        assert torch.equal(resumed[name], value), name

@@ -44,18 +44,29 @@ def restore(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> No
 
 
 class ModelWeights:
-    """The model's weights as a Stateful (section "model": unwrapped names)."""
+    """The model's weights as a Stateful (section "model": unwrapped names).
 
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
+    `skip_frozen`: leave out the parameters that take no gradient (LoRA's base weights,
+    which the run reloads from `run.init_from` at every start): a checkpoint then holds
+    the adapters, buffers and trained parameters only."""
+
+    def __init__(self, model: nn.Module, skip_frozen: bool = False) -> None:
+        self.model, self.skip_frozen = model, skip_frozen
 
     def state_dict(self) -> dict[str, Any]:
         """The weights; DTensor shards stay shards (DCP reshards them)."""
-        return _dcp_state().get_model_state_dict(self.model)
+        state = _dcp_state().get_model_state_dict(self.model)
+        if self.skip_frozen:
+            frozen = {name.removeprefix("module.") for name, p in self.model.named_parameters()
+                      if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Copy loaded weights in."""
-        _dcp_state().set_model_state_dict(self.model, state)
+        dcp_state = _dcp_state()
+        dcp_state.set_model_state_dict(self.model, state, options=dcp_state.StateDictOptions(
+            strict=not self.skip_frozen))
 
 
 class OptimizerState:

@@ -108,9 +108,12 @@ class Trainer:
         self.evaluations = Evaluations(task, data.eval_dataset, config, runtime, self.strategy,
                                        self.precision, self.layout, self.components, target)
         # The trainer's own state, then the components': what a checkpoint holds, and
-        # (those that say where the weights are) what a rollback restores.
+        # (those that say where the weights are) what a rollback restores. LoRA's base
+        # weights, reloaded from run.init_from at every start, stay out of checkpoints.
+        adapters_only = bool(config.train.lora_rank and config.run.init_from)
         parts = [*own_states(self.model, self.optimizer, self.strategy, self.precision,
-                             self.state, self.progress), *self.components.components]
+                             self.state, self.progress, adapters_only),
+                 *self.components.components]
         self.rollback_states = rollback_names(parts)
         self.checkpoints = CheckpointManager(
             self.run_dir / "checkpoints", checkpoint_states(parts), keep=config.checkpoint.keep,

@@ -78,11 +78,13 @@ class Progress:
 
 
 def own_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
-               precision: Stateful, state: TrainState, progress: Progress) -> list[Held]:
+               precision: Stateful, state: TrainState, progress: Progress,
+               skip_frozen: bool = False) -> list[Held]:
     """The trainer's own states, listed like the components': all but the run's Progress
     go back with the weights in a rollback. The optimizer's state is keyed by the names
-    the strategy gives its parameters (`Strategy.naming_module`)."""
-    return [Held("model", ModelWeights(model), True),
+    the strategy gives its parameters (`Strategy.naming_module`). `skip_frozen`: the
+    weights' state leaves out frozen parameters (`ModelWeights`)."""
+    return [Held("model", ModelWeights(model, skip_frozen), True),
             Held("optim", OptimizerState(strategy.naming_module(), optimizer), True),
             Held("strategy", strategy, True), Held("precision", precision, True),
             Held("train", state, True), Held("progress", progress, False)]
