@@ -10,6 +10,7 @@ one process and one process's on a pipeline, optimizer state and sample order in
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import tandem
 from tandem.data.sampler import epoch_order
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
+from tests.dist.token_data import Tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import char_lm  # noqa: E402
@@ -28,21 +30,6 @@ import char_lm  # noqa: E402
 N, T, GLOBAL, MICRO, SEED, CLIP, STEPS = 64, 8, 8, 2, 5, 0.5, 6
 SCHEDULES = [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("LoopedBFS", 2),
              ("InterleavedZeroBubble", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 2)]
-
-
-class Tokens(Dataset):
-    """Fixed pseudo-random byte sequences with a learnable rule (next = prev + 1)."""
-
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(7)
-        start = torch.randint(0, 200, (N, 1), generator=g)
-        self.x = (start + torch.arange(T + 1)) % char_lm.VOCAB
-
-    def __len__(self) -> int:
-        return N
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i, :-1], self.x[i, 1:]
 
 
 def make_model() -> nn.Module:
@@ -54,7 +41,7 @@ def make_optimizer(params) -> torch.optim.Optimizer:
 
 
 def task() -> tandem.Task:
-    return tandem.Task(model=make_model, optimizer=make_optimizer, train_data=Tokens,
+    return tandem.Task(model=make_model, optimizer=make_optimizer, train_data=partial(Tokens, N, T, 7),
                        loss=char_lm.loss)
 
 
@@ -82,7 +69,7 @@ def reference(steps: int) -> tuple[dict[str, torch.Tensor], list[float]]:
     """One process, plain PyTorch: the documented order, the global batch in micro-batches
     of MICRO, each loss / their number; clipped; the losses of every step."""
     torch.manual_seed(derive_seed("build", SEED))
-    data = Tokens()
+    data = Tokens(N, T, 7)
     model = make_model()
     opt = make_optimizer(model.parameters())
     epoch, offset, losses = 0, 0, []

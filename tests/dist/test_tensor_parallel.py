@@ -8,6 +8,7 @@ the same global batches. A 2 x 2 checkpoint also resumes on one process.
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -21,26 +22,12 @@ from tandem.data.sampler import epoch_order
 from tandem.monitor.store import RunStore
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
+from tests.dist.token_data import Tokens
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import char_lm  # noqa: E402
 
 N, T, GLOBAL, SEED, CLIP = 96, 16, 8, 3, 1.0
-
-
-class Tokens(Dataset):
-    """Fixed pseudo-random byte sequences with a learnable rule (next = prev + 1)."""
-
-    def __init__(self) -> None:
-        g = torch.Generator().manual_seed(99)
-        start = torch.randint(0, 200, (N, 1), generator=g)
-        self.x = (start + torch.arange(T + 1)) % char_lm.VOCAB
-
-    def __len__(self) -> int:
-        return N
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i, :-1], self.x[i, 1:]
 
 
 def make_model() -> nn.Module:
@@ -52,8 +39,8 @@ def make_optimizer(params) -> torch.optim.Optimizer:
 
 
 def task() -> tandem.Task:
-    return tandem.Task(model=make_model, optimizer=make_optimizer, train_data=Tokens,
-                       eval_data=Tokens, loss=char_lm.loss,
+    return tandem.Task(model=make_model, optimizer=make_optimizer, train_data=partial(Tokens, N, T, 99),
+                       eval_data=partial(Tokens, N, T, 99), loss=char_lm.loss,
                        tensor_parallel=char_lm.task.tensor_parallel)
 
 
@@ -72,7 +59,7 @@ def _fit(rank: int, world: int, out: str, tp: int, steps: int, micro: int) -> No
 def reference(steps: int) -> tuple[dict[str, torch.Tensor], float]:
     """One process, plain PyTorch: the documented order, the whole global batch per step."""
     torch.manual_seed(derive_seed("build", SEED))
-    data = Tokens()
+    data = Tokens(N, T, 99)
     model = make_model()
     opt = make_optimizer(model.parameters())
     epoch, offset = 0, 0
