@@ -1,0 +1,139 @@
+"""Compression in one process: low-rank factorisation against an independent truncated
+SVD, int8 fake quantisation against its formula and its conversion, channel pruning's
+masked model against the model with those channels removed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tandem
+from tandem.compress import lowrank, prune, quant
+from tests.dist import toy_task
+
+
+def _best_rank(w: torch.Tensor, r: int) -> torch.Tensor:
+    u, s, vh = torch.linalg.svd(w, full_matrices=False)
+    return u[:, :r] @ torch.diag(s[:r]) @ vh[:r]
+
+
+def test_a_factorised_linear_is_the_best_rank_r_approximation() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(40, 30), nn.ReLU(), nn.Linear(30, 4))
+    w = model[0].weight.detach().clone()
+    chosen = lowrank.factorise(model, params=0.5, skip=("2",))
+    r = chosen["0"]
+    assert r == int(0.5 * 40 * 30 / 70) and "2" not in chosen
+    pair = model[0]
+    torch.testing.assert_close(pair[1].weight @ pair[0].weight, _best_rank(w, r),
+                               rtol=1e-4, atol=1e-5)
+    assert sum(p.numel() for p in pair.parameters()) < 40 * 30 + 30
+
+
+def test_a_factorised_conv_keeps_its_output_at_full_energy_and_energy_picks_the_rank() -> None:
+    torch.manual_seed(1)
+    conv = nn.Conv1d(8, 32, 5, padding=2)
+    model = nn.Sequential(conv)
+    x = torch.randn(3, 8, 20)
+    want = conv(x)
+    s = torch.linalg.svdvals(conv.weight.detach().reshape(32, -1))
+    energy = (s ** 2).cumsum(0) / (s ** 2).sum()
+    expected = int((energy < 0.6).sum()) + 1  # the first rank that keeps 60%
+    assert lowrank.rank_for(s, (32, 40), 0.6, None) == expected
+    lowrank.factorise(model, energy=0.9999999)
+    # the rank-8 pair of a 32 x 40 matrix of rank 32 is not smaller: left whole
+    assert model[0] is conv
+    wide = nn.Sequential(nn.Conv1d(64, 64, 3, padding=1))
+    w = wide[0].weight.detach().reshape(64, -1)
+    y = torch.randn(2, 64, 10)
+    lowrank.factorise(wide, params=0.3)
+    r = wide[0][0].out_channels
+    reference = nn.functional.conv1d(y, _best_rank(w, r).reshape(64, 64, 3),
+                                     wide[0][1].bias, padding=1)
+    torch.testing.assert_close(wide(y), reference, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(model(x), want)
+    with pytest.raises(ValueError, match="exactly one of energy= or params="):
+        lowrank.factorise(model)
+
+
+def test_fake_quant_follows_its_formula_and_passes_the_gradient_straight() -> None:
+    x = torch.tensor([-1.0, 0.013, 0.5, 2.0], requires_grad=True)
+    scale = torch.tensor(0.01)
+    y = quant.fake_quant(x, scale, 0.0, -127, 127)
+    expected = torch.clamp(torch.round(x.detach() / 0.01), -127, 127) * 0.01
+    torch.testing.assert_close(y, expected)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones(4))
+
+
+def test_converted_int8_layers_compute_what_the_fake_quantised_model_computed() -> None:
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv1d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 12, 5))
+    with pytest.raises(ValueError, match="no Linear or ConvNd"):
+        quant.QuantAware().transform_model(nn.Sequential(nn.ReLU()), torch.device("cpu"))
+    assert quant.prepare(model) == ["0", "3"]
+    with pytest.raises(ValueError, match="never saw an input"):
+        quant.convert(model)
+    data = torch.randn(16, 1, 12)
+    model.eval()
+    with torch.no_grad(), quant.calibrating(model):
+        model(data)
+    lo, hi = model[3].act_range
+    flat = nn.functional.relu(nn.functional.conv1d(
+        quant.fake_quant(data, *quant.act_params(data.min(), data.max()), 0, 255),
+        quant.fake_quant(model[0].layer.weight, quant.weight_scale(model[0].layer.weight),
+                         0.0, -127, 127), model[0].layer.bias, padding=1)).flatten(1).detach()
+    assert float(lo) == pytest.approx(float(flat.min()), abs=1e-6)
+    assert float(hi) == pytest.approx(float(flat.max()), rel=1e-5)
+    with torch.no_grad():
+        fake = model(data)
+        quant.convert(model)
+        assert model[0].weight_int8.dtype == torch.int8
+        torch.testing.assert_close(model(data), fake, rtol=1e-5, atol=1e-6)
+    program = torch.export.export(model, (data,))
+    torch.testing.assert_close(program.module()(data), fake, rtol=1e-5, atol=1e-6)
+
+
+def test_pruned_channels_removed_give_the_masked_models_outputs() -> None:
+    pytest.importorskip("torch_pruning", reason="torch-pruning is in the dev extra")
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(10, 16), nn.ReLU(), nn.Linear(16, 12), nn.ReLU(),
+                          nn.Linear(12, 3))
+    x = torch.randn(4, 10)
+    masked = prune.choose(model, x, 0.5, keep=("4",))
+    assert {k: len(v) for k, v in masked.items()} == {"0": 8, "2": 6}
+    # the lowest group L2 norms go first: layer 0's channel norms with layer 2's columns
+    group = (model[0].weight.detach() ** 2).sum(1) + model[0].bias.detach() ** 2 \
+        + (model[2].weight.detach() ** 2).sum(0)
+    assert masked["0"] == sorted(group.argsort()[:8].tolist())
+    prune.apply(model, x, masked)
+    want = model(x).detach()
+    prune.remove(model, x, masked)  # traces the graph: autograd on
+    assert (model[0].out_features, model[2].in_features, model[2].out_features) == (8, 8, 6)
+    torch.testing.assert_close(model(x).detach(), want, rtol=1e-5, atol=1e-6)
+    assert prune.cubic(0, 0.5, 0, 10) == 0 and prune.cubic(10, 0.5, 0, 10) == 0.5
+    assert prune.cubic(5, 0.5, 0, 10) == pytest.approx(0.5 * (1 - 0.5 ** 3))
+
+
+def test_the_components_train_in_a_run(tmp_path) -> None:
+    """QuantAware and ChannelPruning as run components of the toy task: the trained model
+    comes back fake-quantised and converts; pruning reaches its share on schedule and the
+    masked channels stay zero through the optimizer's updates."""
+    pytest.importorskip("torch_pruning", reason="torch-pruning is in the dev extra")
+    cfg = toy_task.config(str(tmp_path / "q"), 6, 20)
+    model = tandem.fit(toy_task.task(), config=cfg, components=[quant.QuantAware()]).model
+    assert quant.quantised_names(model) == ["0", "2"]
+    x = torch.randn(5, 12)
+    model.eval()
+    with torch.no_grad():
+        fake = model(x)
+        torch.testing.assert_close(quant.convert(model)(x), fake, rtol=1e-5, atol=1e-6)
+    pruning = prune.ChannelPruning(torch.randn(2, 12), ratio=0.5, start=1, end=4, keep=("2",))
+    cfg = toy_task.config(str(tmp_path / "p"), 6, 20)
+    model = tandem.fit(toy_task.task(), config=cfg, components=[pruning]).model
+    assert pruning.metrics()["pruned_share"] == 0.5
+    rows = pruning.masked["0"]
+    assert len(rows) == 16 and not model[0].weight[rows].any()
+    assert not model[2].weight[:, rows].any()
