@@ -192,7 +192,7 @@ class PlanConfig:
     )
     pp_microbatches: int = _doc(
         0, "pipeline micro-batches per step (each the per-process batch / this); 0: those "
-        "train.micro_batch makes"
+        "train.micro_batch makes, or one per stage when it is 0"
     )
     pp_virtual: int = _doc(1, "pipeline stages per process (multi-stage schedules)")
     pp_split: str = _doc(

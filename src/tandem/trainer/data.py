@@ -38,8 +38,12 @@ def build_data(task: Task, config: Config, dp_size: int) -> RunData:
     train = config.train
     ramp = parse_ramp(train.batch_ramp, train.global_batch) if train.batch_ramp else []
     micro = train.micro_batch
-    if config.plan.pp > 1 and config.plan.pp_microbatches:  # the schedule's micro-batches
-        per_rank, count = train.global_batch // dp_size, config.plan.pp_microbatches
+    plan = config.plan
+    # A pipeline's micro-batches: plan.pp_microbatches, else train.micro_batch's, else one
+    # per stage (the fewest that fill the pipeline).
+    count = plan.pp_microbatches or (0 if micro else plan.pp * plan.pp_virtual)
+    if plan.pp > 1 and count:
+        per_rank = train.global_batch // dp_size
         if train.global_batch % dp_size or per_rank % count:
             raise ValueError(f"plan.pp_microbatches: {count} micro-batches do not divide the "
                              f"batch of each pipeline (train.global_batch "
