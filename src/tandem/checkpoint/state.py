@@ -46,9 +46,9 @@ def restore(model: nn.Module, optimizer: Optimizer, state: dict[str, Any]) -> No
 class ModelWeights:
     """The model's weights as a Stateful (section "model": unwrapped names).
 
-    `skip_frozen`: leave out the parameters that take no gradient (LoRA's base weights,
-    which the run reloads from `run.init_from` at every start): a checkpoint then holds
-    the adapters, buffers and trained parameters only."""
+    `skip_frozen`: leave out the parameters that take no gradient (frozen or LoRA's base
+    weights, which the run reloads from `run.init_from` at every start): a checkpoint
+    then holds the trained parameters and the buffers only."""
 
     def __init__(self, model: nn.Module, skip_frozen: bool = False) -> None:
         self.model, self.skip_frozen = model, skip_frozen

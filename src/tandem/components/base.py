@@ -61,6 +61,9 @@ class Component:
 
     name: str = ""
     rolls_back: bool = True  # a rollback restores its state with the weights
+    # It sets the frozen parameters at every start (run.init_from): checkpoints need not
+    # hold them.
+    restores_frozen: bool = False
 
     @property
     def key(self) -> str:

@@ -37,6 +37,12 @@ class Chain:
         return [c.key for c in self.components if is_stateful(c) and
                 type(c).fresh_start is not Component.fresh_start]
 
+    @property
+    def restores_frozen(self) -> bool:
+        """Whether a component sets the frozen parameters at every start (checkpoints
+        then leave them out: `ModelWeights`)."""
+        return any(c.restores_frozen for c in self.components)
+
     def named(self, key: str) -> Component:
         """The component whose state is saved as `key`."""
         return next(c for c in self.components if c.key == key)

@@ -114,7 +114,11 @@ def kind_of(path: Path) -> str:
 
 
 class InitFrom(Component):
-    """Loads `run.init_from` into the distributed model before the first step."""
+    """Loads `run.init_from` into the distributed model before the first step, at every
+    start: the frozen parameters (`train.freeze`, LoRA's base) come from it again on a
+    resume, so checkpoints leave them out."""
+
+    restores_frozen = True
 
     def __init__(self, source: str, partial: bool = False) -> None:
         self.source = Path(source).expanduser()

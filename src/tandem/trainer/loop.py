@@ -108,11 +108,9 @@ class Trainer:
         self.evaluations = Evaluations(task, data.eval_dataset, config, runtime, self.strategy,
                                        self.precision, self.layout, self.components, target)
         # The trainer's own state, then the components': what a checkpoint holds, and
-        # (those that say where the weights are) what a rollback restores. LoRA's base
-        # weights, reloaded from run.init_from at every start, stay out of checkpoints.
-        adapters_only = bool(config.train.lora_rank and config.run.init_from)
+        # (those that say where the weights are) what a rollback restores.
         parts = [*own_states(self.model, self.optimizer, self.strategy, self.precision,
-                             self.state, self.progress, adapters_only),
+                             self.state, self.progress, self.components.restores_frozen),
                  *self.components.components]
         self.rollback_states = rollback_names(parts)
         self.checkpoints = CheckpointManager(
@@ -293,8 +291,7 @@ class Trainer:
 
     def export(self) -> torch.nn.Module | None:
         """The trained model, owned by no process group (`exported`). All ranks."""
-        build = self.task.model  # rebuilt with the structure the components gave it
-        return exported(self.strategy, lambda: self.components.rebuilt(build()), self.components)
+        return exported(self.strategy, self.task.model, self.components)
 
     def describe_ranks(self) -> str:
         """Where every rank was last seen (for hang reports)."""
