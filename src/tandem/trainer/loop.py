@@ -55,7 +55,7 @@ class Trainer:
         self.strategy = build_strategy(config.plan, runtime, self.layout, config.run.seed)
         with preflight.stage():
             own = list(task.components()) if task.components is not None else []
-            self.components = Chain([*builtin(config, runtime), *own, *components])
+            self.components = Chain([*builtin(config, runtime, task), *own, *components])
         try:
             self._build()
         except BaseException:
