@@ -7,7 +7,7 @@ Each round runs the same short job once per arm, the order rotating from round t
 
 - `auto`: `tandem run` with tandem's one-node agent, each worker a new interpreter;
 - `torchrun`: `--launcher torchrun`, torchrun's agent;
-- `warm`: tandem's agent with the scheduler's fork server (`tandem/forkserver.py`, its
+- `warm`: tandem's agent with the scheduler's fork server (`tandem/forking/server.py`, its
   default imports: torch, DCP, DTensor, dynamo, tandem), as the local backend runs it;
 - `warm-imports`: the same with the example's own heavy import as well (`--warm-import`;
   MNIST-1D's `mnist1d.data`, which brings scipy).
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from _bench import QUIET, ROOT, RunStore, child_env, run_checked, tandem_command
 
-from tandem.forkwire import FORKSERVER_ENV
-from tandem.sched.local_backend import ForkServer
+from tandem.forking.wire import FORKSERVER_ENV
+from tandem.sched.backends.local_backend import ForkServer
 
 ARMS = ("auto", "torchrun", "warm", "warm-imports")
 OWN_IMPORTS = {"mnist1d_cnn": ["mnist1d.data"], "char_lm": []}

@@ -5,7 +5,7 @@
 Runs each example at every size, interleaved (the order of sizes rotates each repeat),
 each run a fresh `torchrun --standalone` job with no checkpoints and evaluation only at
 the end. Then every run predicts every other size from its own store rows
-(`tandem.analyze.scaling_model.predict`, fitted from that run alone and the machine's
+(`tandem.analyze.scaling.model.predict`, fitted from that run alone and the machine's
 core count) and the prediction is compared with the runs measured at that size:
 
 - **median**: the median prediction over the source runs against the median measured
@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _bench import child_env, run_checked, table  # noqa: E402
 
-from tandem.analyze.scaling_inputs import run_figures  # noqa: E402
-from tandem.analyze.scaling_model import (  # noqa: E402
+from tandem.analyze.scaling.inputs import run_figures  # noqa: E402
+from tandem.analyze.scaling.model import (  # noqa: E402
     RunFigures,
     background_threads,
     predict_one,

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from tandem.sched.command import PUBLISHED, run_workload  # noqa: E402
+from tandem.sched.service.command import PUBLISHED, run_workload  # noqa: E402
 
 TRACES = ROOT / "data" / "pollux-traces"
 WORKLOADS = [f"workload-{i}" for i in range(1, 9)]

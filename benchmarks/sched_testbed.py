@@ -36,13 +36,13 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tandem.monitor.store import RunStore  # noqa: E402
 from tandem.sched import POLICIES, Cluster, JobSpec, simulate  # noqa: E402
-from tandem.sched.jobstore import SchedStore  # noqa: E402
-from tandem.sched.measured import read  # noqa: E402
-from tandem.sched.measured_app import MeasuredApplication  # noqa: E402
-from tandem.sched.pinning import Pinned  # noqa: E402
-from tandem.sched.records import DONE  # noqa: E402
-from tandem.sched.sample_audit import audit, read_logs  # noqa: E402
-from tandem.sched.submit import SubmitRequest, submit  # noqa: E402
+from tandem.sched.policies.pinning import Pinned  # noqa: E402
+from tandem.sched.service.jobstore import SchedStore  # noqa: E402
+from tandem.sched.service.measured import read  # noqa: E402
+from tandem.sched.service.records import DONE  # noqa: E402
+from tandem.sched.service.sample_audit import audit, read_logs  # noqa: E402
+from tandem.sched.service.submit import SubmitRequest, submit  # noqa: E402
+from tandem.sched.simulation.measured_app import MeasuredApplication  # noqa: E402
 
 JOBS_DIR = ROOT / "benchmarks" / "sched_jobs"
 MNIST = (str(JOBS_DIR / "mnist1d_ids.py"), 128, 4000)  # script, global batch, train samples

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tandem.sched import POLICIES, Cluster, GoodputPolicy, JobSpec, simulate  # noqa: E402
-from tandem.sched.measured_app import MeasuredApplication  # noqa: E402
-from tandem.sched.pinning import Pinned  # noqa: E402
+from tandem.sched.policies.pinning import Pinned  # noqa: E402
+from tandem.sched.simulation.measured_app import MeasuredApplication  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import sched_testbed  # noqa: E402

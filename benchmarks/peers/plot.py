@@ -1,5 +1,5 @@
 """A standalone SVG of each contender's evaluation curve against wall time since the start
-of training, drawn with tandem's own chart helpers (``tandem.analyze.svg``)."""
+of training, drawn with tandem's own chart helpers (``tandem.analyze.report.svg``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from recipe import Recipe
 
-from tandem.analyze import svg
+from tandem.analyze.report import svg
 
 STYLE = (".grid{stroke:#eef0f3}.axis{stroke:#98a2b3}.tick{fill:#667085;font-size:10.5px}"
          ".label{fill:#475467;font-size:11.5px}.series{fill:none;stroke-width:1.6;"

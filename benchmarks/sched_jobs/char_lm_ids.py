@@ -9,7 +9,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import char_lm as example  # noqa: E402
 
 import tandem  # noqa: E402
-from tandem.sched.sample_audit import SampleLog, WithIds  # noqa: E402
+from tandem.sched.service.sample_audit import SampleLog, WithIds  # noqa: E402
 
 IDS = SampleLog()
 

@@ -1,7 +1,7 @@
 """examples/mnist1d_cnn.py as a scheduled testbed job: no evaluation, sample ids logged.
 
 The ids of every training micro-batch go to TANDEM_SAMPLE_LOG (one file per process), so
-that `tandem.sched.sample_audit` can prove no sample was repeated or skipped through the
+that `tandem.sched.service.sample_audit` can prove no sample was repeated or skipped through the
 job's resizes and preemptions.
 """
 
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import mnist1d_cnn as example  # noqa: E402
 
 import tandem  # noqa: E402
-from tandem.sched.sample_audit import SampleLog, WithIds  # noqa: E402
+from tandem.sched.service.sample_audit import SampleLog, WithIds  # noqa: E402
 
 IDS = SampleLog()
 

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tandem.dashboard.server import DashboardServer  # noqa: E402
 from tandem.monitor.store import RunStore  # noqa: E402
-from tandem.sched.jobstore import SchedStore  # noqa: E402
-from tandem.sched.records import Attempt, JobRecord  # noqa: E402
+from tandem.sched.service.jobstore import SchedStore  # noqa: E402
+from tandem.sched.service.records import Attempt, JobRecord  # noqa: E402
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]

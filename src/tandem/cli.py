@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
-from tandem import launch
 from tandem.config import reference
+from tandem.launcher import command as launch
 from tandem.tables import print_fitted
 
 
@@ -59,14 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     tune_arguments(tune)
     scheduler = sub.add_parser("scheduler", help="the job scheduler service (--backend "
                                "local|ray|slurm), or `simulate` a workload")
-    from tandem.sched.command import add_arguments as scheduler_arguments
+    from tandem.sched.service.command import add_arguments as scheduler_arguments
 
     scheduler_arguments(scheduler)
     dashboard = sub.add_parser("dashboard", help="serve a live web view of the run store")
     from tandem.dashboard.command import add_arguments as dashboard_arguments
 
     dashboard_arguments(dashboard)
-    from tandem.sched.jobs_cli import add_arguments as jobs_arguments
+    from tandem.sched.service.jobs_cli import add_arguments as jobs_arguments
 
     jobs_arguments(sub)
     return parser
@@ -90,7 +90,7 @@ def _list_runs(ns: argparse.Namespace, console: Console) -> int:
 
 
 def _report(ns: argparse.Namespace, console: Console) -> None:
-    from tandem.analyze.report import print_summary, write_html
+    from tandem.analyze.report.run_report import print_summary, write_html
     from tandem.monitor.runs_cli import output_path
 
     with _open_store(ns.store) as store:
@@ -106,7 +106,7 @@ def _report(ns: argparse.Namespace, console: Console) -> None:
 
 def _validate(store: Any, run_id: str, ns: argparse.Namespace,
               console: Console) -> None:
-    from tandem.analyze.report import findings_of
+    from tandem.analyze.report.run_report import findings_of
     from tandem.tune.controls import validate_run
 
     if ns.pairs < 2 or ns.steps < 2 * ns.log_every:
@@ -124,7 +124,7 @@ def _validate(store: Any, run_id: str, ns: argparse.Namespace,
 
 
 def _compare(ns: argparse.Namespace, console: Console) -> None:
-    from tandem.analyze.report import compare, compare_table
+    from tandem.analyze.report.run_report import compare, compare_table
     from tandem.monitor.runs_cli import output_path
 
     with _open_store(ns.store) as store:
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tandem` console script."""
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "submit":  # its options may follow the script's own flags
-        from tandem.sched.jobs_cli import submit_main
+        from tandem.sched.service.jobs_cli import submit_main
 
         return _usage_errors(lambda: submit_main(argv[1:]))
     ns = _parser().parse_args(argv)
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return tune(ns, console)
         elif ns.command == "scheduler":
-            from tandem.sched.command import run as scheduler
+            from tandem.sched.service.command import run as scheduler
 
             return scheduler(ns, console)
         elif ns.command == "dashboard":
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return dashboard(ns)
         elif ns.command in ("queue", "cancel", "logs"):
-            from tandem.sched.jobs_cli import run as jobs
+            from tandem.sched.service.jobs_cli import run as jobs
 
             return jobs(ns, console)
     except ValueError as err:

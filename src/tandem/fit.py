@@ -19,6 +19,7 @@ from rich.console import Console
 from torch import nn
 
 from tandem.components import Component
+from tandem.components.liveness import last_seen
 from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
@@ -215,7 +216,7 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str,
             # Gloo reports a timed-out collective as a plain RuntimeError ("Application
             # timeout caused pair closure"): the liveness records name the rank that
             # stopped answering, and where it was. The error keeps its own type.
-            err.add_note(f"ranks last seen: {trainer.describe_ranks()}")
+            err.add_note(f"ranks last seen: {last_seen(trainer.components.components)}")
         raise
     finally:
         trainer.close()
@@ -287,7 +288,7 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
 def _stopped_status() -> RunStatus:
     """A graceful stop's run status: cancelled when it was the scheduler's cancel (the
     run ends there, though its checkpoint is committed), else preempted."""
-    from tandem.sched.attempt import stop_reason  # only a scheduled run has a reason
+    from tandem.sched.service.attempt import stop_reason  # only a scheduled run has a reason
 
     return RunStatus.CANCELLED if stop_reason() == "cancel" else RunStatus.PREEMPTED
 
@@ -303,7 +304,7 @@ def _forget(config: Config, run_id: str) -> None:
 
 def _write_report(config: Config, run_id: str, run_dir: Path) -> None:
     """The run's HTML report beside its checkpoints, and where it is (rank 0)."""
-    from tandem.analyze.report import write_html
+    from tandem.analyze.report.run_report import write_html
     from tandem.monitor.store import RunStore
 
     try:
@@ -329,7 +330,7 @@ def _scaling(config: Config, run_id: str, summary: dict[str, Any],
              world_size: int) -> dict[str, Any]:
     """Scaling efficiency against a comparable one-process run, or why there is none."""
     # Imported here: the analysis stack is for the run's end, not its start-up.
-    from tandem.analyze.scaling import scaling_figures
+    from tandem.analyze.scaling.efficiency import scaling_figures
 
     try:
         return scaling_figures(store_path(config), run_id, summary.get("samples_per_s", 0.0),

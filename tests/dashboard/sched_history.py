@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.monitor.store import RunStore
-from tandem.sched import lifecycle
-from tandem.sched.jobstore import SchedStore
-from tandem.sched.measured import read
-from tandem.sched.records import Attempt, JobRecord
+from tandem.sched.service import lifecycle
+from tandem.sched.service.jobstore import SchedStore
+from tandem.sched.service.measured import read
+from tandem.sched.service.records import Attempt, JobRecord
 from tandem.status import ExitStatus
 
 SERVICE_FACTS = "pid 4242 on testhost, backend local (1 x 4 slots), policy goodput"

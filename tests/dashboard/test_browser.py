@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tandem.analyze.diagnose import diagnose
+from tandem.analyze.diagnosis.diagnose import diagnose
 from tandem.dashboard import view_run
 from tandem.monitor.store import RunStore
 from tandem.monitor.writer import StoreWriter
@@ -94,7 +94,7 @@ def test_run_page_holds_the_store_numbers(store: Path, serve, page) -> None:
     mem = page.evaluate(CHART, "mem/rss_bytes")
     _same(_line(mem, "mem/rss_bytes rank 3"),
           _store_points(store, "alpha-1", "mem/rss_bytes", 3))
-    # The diagnosis: what tandem.analyze.diagnose finds on the same rows, field by field.
+    # The diagnosis: what tandem.analyze.diagnosis.diagnose finds on the same rows, field by field.
     with RunStore(store) as s:
         expected = diagnose(s.metrics("alpha-1"), s.events("alpha-1"),
                             config=s.run("alpha-1")["config"])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.analyze.diagnose import diagnose
+from tandem.analyze.diagnosis.diagnose import diagnose
 from tandem.analyze.synthetic import Synthetic, synthetic_rows
 from tandem.dashboard import view_run
 from tandem.monitor.store import RunStore

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tandem.sched.jobstore import SchedStore
-from tandem.sched.records import Attempt
+from tandem.sched.service.jobstore import SchedStore
+from tandem.sched.service.records import Attempt
 from tests.dashboard.conftest import open_page, wait_for
 from tests.dashboard.sched_history import job, write_history
 from tests.dashboard.test_browser import CHART

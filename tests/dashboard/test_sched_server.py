@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tandem.dashboard import sched_queries
-from tandem.sched import records
-from tandem.sched.jobstore import SchedStore
-from tandem.sched.records import Attempt
+from tandem.sched.service import records
+from tandem.sched.service.jobstore import SchedStore
+from tandem.sched.service.records import Attempt
 from tests.dashboard.conftest import get, get_json
 from tests.dashboard.sched_history import SERVICE_FACTS, job, write_history
 from tests.dashboard.test_server import _fingerprint, _read_update

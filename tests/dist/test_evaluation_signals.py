@@ -11,7 +11,7 @@ import pytest
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import tandem
-from tandem.analyze.diagnose import diagnose
+from tandem.analyze.diagnosis.diagnose import diagnose
 from tandem.monitor.store import RunStore
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks

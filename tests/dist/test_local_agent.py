@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tandem import local_agent
+from tandem.launcher import local_agent
 from tandem.errors import USAGE_EXIT_CODE
 
 TIMEOUT_S = 120
@@ -120,7 +120,7 @@ def test_a_loopback_store_listens_on_the_loopback_address_only() -> None:
 
 
 def test_torchruns_agent_reports_a_failed_rank_in_the_same_words(tmp_path: Path) -> None:
-    """`--launcher torchrun` (tandem.agent) names a failed rank as tandem's agent does."""
+    """`--launcher torchrun` (tandem.launcher.torchrun_agent) names a failed rank as tandem's agent does."""
     script = tmp_path / "flaky.py"
     script.write_text(FLAKY)
     cmd = [sys.executable, "-m", "tandem.cli", "run", "--launcher", "torchrun",

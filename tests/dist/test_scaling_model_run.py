@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 import tandem
-from tandem.analyze.scaling_inputs import run_figures
-from tandem.analyze.scaling_model import predict
+from tandem.analyze.scaling.inputs import run_figures
+from tandem.analyze.scaling.model import predict
 from tandem.parallel.hooks import ring_allreduce_bytes
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks

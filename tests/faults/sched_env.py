@@ -13,9 +13,9 @@ from typing import Any
 
 import psutil
 
-from tandem.sched.backend import ATTEMPT_ENV
-from tandem.sched.jobstore import SchedStore
-from tandem.sched.sample_audit import Audit, audit, read_logs
+from tandem.sched.backends.backend import ATTEMPT_ENV
+from tandem.sched.service.jobstore import SchedStore
+from tandem.sched.service.sample_audit import Audit, audit, read_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = str(ROOT / "tests" / "faults" / "scripts" / "sched_toy.py")
@@ -144,7 +144,7 @@ def state_of(job_id: str) -> Callable[[SchedStore], str]:
 def trained(job_id: str, attempt: int, store_path: Path) -> Callable[[SchedStore], bool]:
     """A check: the job's `attempt` has logged a window in the run store."""
     from tandem.monitor.store import RunStore
-    from tandem.sched.measured import read
+    from tandem.sched.service.measured import read
 
     def check(store: SchedStore) -> bool:
         job = store.job(job_id)

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tandem.sched.local_backend import FOLDER_PREFIX, PID_FILE
+from tandem.sched.backends.local_backend import FOLDER_PREFIX, PID_FILE
 from tests.faults.sched_env import SchedEnv
 
 SERVICE = ("--backend", "local", "--slots", "1")

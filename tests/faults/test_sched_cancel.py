@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tandem.monitor.store import RunStore
-from tandem.sched.jobstore import SchedStore
+from tandem.sched.service.jobstore import SchedStore
 from tests.faults.sched_env import SchedEnv, state_of, trained
 
 SERVICE = ("--backend", "local", "--slots", "1", "--interval", "2")

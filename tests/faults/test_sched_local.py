@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tandem.sched.jobstore import SchedStore
+from tandem.sched.service.jobstore import SchedStore
 from tests.faults.sched_env import SchedEnv, state_of, trained
 
 SERVICE = ("--backend", "local", "--slots", "2", "--interval", "2", "--first-size", "1",

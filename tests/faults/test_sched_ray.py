@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.sched.jobstore import SchedStore
+from tandem.sched.service.jobstore import SchedStore
 from tests.faults.clusters import ray_head
 from tests.faults.sched_env import SchedEnv, state_of, trained
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tandem.analyze.diagnose import Finding, diagnose
-from tandem.analyze.report import print_summary
+from tandem.analyze.diagnosis.diagnose import Finding, diagnose
+from tandem.analyze.report.run_report import print_summary
 from tandem.analyze.synthetic import Synthetic, synthetic_rows
 from tandem.monitor.store import RunStore
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tandem.analyze import stats
-from tandem.analyze.diagnose import MEMORY_BOUND_SHARE, Finding, diagnose
+from tandem.analyze.diagnosis.diagnose import MEMORY_BOUND_SHARE, Finding, diagnose
 from tandem.analyze.synthetic import Synthetic, synthetic_rows
 
 pytestmark = pytest.mark.timeout(60)
@@ -129,7 +129,7 @@ def test_phases_above_the_step_name_no_bottleneck() -> None:
 def test_the_verdict_is_never_a_refuted_finding() -> None:
     from dataclasses import replace
 
-    from tandem.analyze.diagnose import verdict
+    from tandem.analyze.diagnosis.diagnose import verdict
 
     comm = Finding("communication-bound", "high", {"share": 0.6}, "comm")
     data = Finding("input-bound", "medium", {"share": 0.3}, "data")

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 import tandem
-import tandem.local_agent as agent_module
-from tandem.forkwire import kill_forked
+import tandem.launcher.local_agent as agent_module
+from tandem.forking.wire import kill_forked
 from tests.reap import kill_tree
 
 AGENT = str(Path(agent_module.__file__).resolve())
@@ -65,7 +65,7 @@ if mode == "sigterm":
 DRIVER = '''
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from tandem.local_agent import warm_worker
+from tandem.launcher.local_agent import warm_worker
 command, env, result = json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
 worker = warm_worker(command, env)
 code = worker if isinstance(worker, str) else worker.wait()
@@ -74,7 +74,7 @@ open(result, "w").write(json.dumps({"code": code, "pid": getattr(worker, "pid", 
 
 
 def _start_server(path: str, owner: int, *imports: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "tandem.forkserver", "--socket", path,
+    command = [sys.executable, "-m", "tandem.forking.server", "--socket", path,
                "--owner", str(owner)]
     for name in imports:
         command += ["--import", name]
@@ -265,7 +265,7 @@ def test_a_changed_source_stops_the_server(tmp_path: Path) -> None:
     module = tmp_path / "jobdeps" / "__init__.py"
     module.write_text("VALUE = 1\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tandem.forkserver", "--socket", path, "--owner",
+        [sys.executable, "-m", "tandem.forking.server", "--socket", path, "--owner",
          str(os.getpid()), "--import", "jobdeps"], start_new_session=True,
         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path),
                                                          os.environ.get("PYTHONPATH", "")])))
@@ -295,7 +295,7 @@ def test_the_server_outlives_its_owner_only_while_its_workers_run(tmp_path: Path
     owner = subprocess.Popen(
         [sys.executable, "-c",
          "import subprocess, sys, os\n"
-         f"p = subprocess.Popen([sys.executable, '-m', 'tandem.forkserver', '--socket', "
+         f"p = subprocess.Popen([sys.executable, '-m', 'tandem.forking.server', '--socket', "
          f"{path!r}, '--owner', str(os.getpid())], start_new_session=True)\n"
          "print(p.pid, flush=True)\nsys.stdin.readline()\n"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -336,7 +336,7 @@ def test_a_process_that_loaded_a_gpu_driver_is_seen(tmp_path: Path, name: str) -
     driver = tmp_path / name
     driver.write_bytes(b"\0" * 4096)
     probe = ("import mmap, sys\n"
-             "from tandem.forkserver import cuda_loaded\n"
+             "from tandem.forking.server import cuda_loaded\n"
              "before = cuda_loaded()\n"
              "f = open(sys.argv[1], 'rb')\n"
              "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"

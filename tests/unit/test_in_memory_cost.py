@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 
 import tandem
-from tandem.analyze.finding import Finding
-from tandem.analyze.report import print_summary, validation_text
+from tandem.analyze.diagnosis.finding import Finding
+from tandem.analyze.report.run_report import print_summary, validation_text
 from tandem.monitor.store import RunStore
 from tests.dist import toy_task
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.launch import add_arguments, torchrun_command
+from tandem.launcher.command import add_arguments, torchrun_command
 
 
 def _command(tmp_path: Path, *flags: str) -> list[str]:

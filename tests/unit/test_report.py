@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from tandem.analyze import svg
-from tandem.analyze.panels import line_panel
-from tandem.analyze.report import compare, compare_table, print_summary, write_html
+from tandem.analyze.report import svg
+from tandem.analyze.report.panels import line_panel
+from tandem.analyze.report.run_report import compare, compare_table, print_summary, write_html
 from tandem.analyze.synthetic import Synthetic, write_synthetic
 from tandem.monitor.store import RunStore
 
@@ -161,8 +161,8 @@ def test_compare_overlays_runs_and_lists_differences(store: RunStore, tmp_path: 
 
 
 def test_loss_chart_marks_small_outliers_grey_and_instability_red() -> None:
-    from tandem.analyze import panels
-    from tandem.analyze.figures import by_name
+    from tandem.analyze.report import panels
+    from tandem.analyze.report.figures import by_name
 
     rows = [row for i in range(40) for row in (
         {"step": 10 * (i + 1), "rank": -1, "name": "loss", "value": 2.3 * 0.8 ** i, "time": i},

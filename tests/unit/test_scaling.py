@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.analyze.scaling import scaling_figures
+from tandem.analyze.scaling.efficiency import scaling_figures
 from tandem.monitor.store import RunStore
 
 QUIET = (50.0, 100.0)  # host %, process %: 2 cores, one busy with the run: no foreign load

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.analyze.scaling_comm import (
+from tandem.analyze.scaling.comm import (
     CPU_LINK,
     CUDA_LINK,
     JITTER_PER_WORK,
@@ -19,8 +19,8 @@ from tandem.analyze.scaling_comm import (
     saturation,
     wait_units,
 )
-from tandem.analyze.scaling_inputs import figures_from_run, run_figures, steady_steps
-from tandem.analyze.scaling_model import (
+from tandem.analyze.scaling.inputs import figures_from_run, run_figures, steady_steps
+from tandem.analyze.scaling.model import (
     COLD_START_S,
     SHM_COLD_START_S,
     WAKE_CREDIT_S,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tandem.data.sampler import epoch_order
-from tandem.sched.sample_audit import audit
+from tandem.sched.service.sample_audit import audit
 
 N, SEED = 50, 3
 

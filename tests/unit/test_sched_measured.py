@@ -9,10 +9,10 @@ import pytest
 
 from tandem.monitor.store import RunStore
 from tandem.sched import Cluster, GoodputPolicy
-from tandem.sched.lifecycle import complete_record
-from tandem.sched.measured import attempt_rates, read, throughput_model
-from tandem.sched.records import Attempt, JobRecord
-from tandem.sched.views import JobState, choose_batch
+from tandem.sched.service.lifecycle import complete_record
+from tandem.sched.service.measured import attempt_rates, read, throughput_model
+from tandem.sched.service.records import Attempt, JobRecord
+from tandem.sched.service.views import JobState, choose_batch
 
 T0 = 1_000_000.0
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.sched.efficiency import EfficiencyModel
-from tandem.sched.goodput import GoodputModel, split_batch
-from tandem.sched.job import BatchLimits
-from tandem.sched.throughput import StepSample, ThroughputModel
+from tandem.sched.policies.efficiency import EfficiencyModel
+from tandem.sched.policies.goodput import GoodputModel, split_batch
+from tandem.sched.policies.job import BatchLimits
+from tandem.sched.policies.throughput import StepSample, ThroughputModel
 
 TRUE = dict(compute_const=0.02, compute_per_sample=0.003, intra_const=0.01,
             intra_per_proc=0.002, inter_const=0.05, inter_per_proc=0.004)

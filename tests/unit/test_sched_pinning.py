@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.sched import Cluster, GoodputPolicy, JobSpec, JobView
-from tandem.sched.pinning import Pinned
+from tandem.sched.policies.pinning import Pinned
 
 CLUSTER = Cluster(nodes=1, slots_per_node=2)
 

@@ -16,7 +16,7 @@ from tandem.sched import (
     TiresiasPolicy,
     simulate,
 )
-from tandem.sched.measured_app import MeasuredApplication
+from tandem.sched.simulation.measured_app import MeasuredApplication
 
 LIMITS = BatchLimits(min_local=1, max_local=1024, max_batch=4096)
 

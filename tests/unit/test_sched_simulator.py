@@ -9,8 +9,8 @@ import pytest
 
 from tandem.cli import main
 from tandem.sched import Cluster, FIFOPolicy, JobSpec, TiresiasPolicy, simulate
-from tandem.sched.traces import TraceApplication
-from tandem.sched.workload import default_traces_dir
+from tandem.sched.simulation.traces import TraceApplication
+from tandem.sched.simulation.workload import default_traces_dir
 
 
 def _toy_traces(root: Path) -> TraceApplication:
@@ -109,7 +109,7 @@ def test_trace_lookup_reads_measured_rows_and_interpolates_between() -> None:
 
 
 def test_goodput_beats_tiresias_on_a_shipped_workload() -> None:
-    from tandem.sched.command import run_workload
+    from tandem.sched.service.command import run_workload
 
     traces = default_traces_dir()
     published = {name: json.loads((traces / f"results-jobload/{name}-1.0/summary.json")

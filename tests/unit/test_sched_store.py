@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tandem.monitor.store import SCHEMA_VERSION, RunStore, StoreVersionError
-from tandem.sched import lifecycle
-from tandem.sched.jobstore import SCHED_SCHEMA_VERSION, SchedStore
-from tandem.sched.records import Attempt, JobRecord
+from tandem.sched.service import lifecycle
+from tandem.sched.service.jobstore import SCHED_SCHEMA_VERSION, SchedStore
+from tandem.sched.service.records import Attempt, JobRecord
 
 
 def _job(tmp: Path, name: str = "toy", **fields: object) -> JobRecord:
@@ -124,9 +124,9 @@ def test_failures_beyond_the_limit_fail_and_cancel_wins(tmp_path: Path) -> None:
 
 
 def test_unresized_job_assumes_the_resizes_measured_here(tmp_path: Path) -> None:
-    from tandem.sched.local_backend import LocalBackend
-    from tandem.sched.service import Service, ServiceOptions
-    from tandem.sched.tiresias import TiresiasPolicy
+    from tandem.sched.backends.local_backend import LocalBackend
+    from tandem.sched.policies.tiresias import TiresiasPolicy
+    from tandem.sched.service.service import Service, ServiceOptions
 
     path = tmp_path / "tandem.db"
     with SchedStore(path) as sched:

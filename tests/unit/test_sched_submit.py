@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tandem.config import parse_args
-from tandem.sched.api import Api, is_loopback
-from tandem.sched.backend import LaunchPlan, job_command
-from tandem.sched.jobstore import SchedStore
-from tandem.sched.submit import SubmitRequest, make_record, parse_procs, split_argv, submit
+from tandem.sched.backends.backend import LaunchPlan, job_command
+from tandem.sched.service.api import Api, is_loopback
+from tandem.sched.service.jobstore import SchedStore
+from tandem.sched.service.submit import SubmitRequest, make_record, parse_procs, split_argv, submit
 
 
 def test_own_options_anywhere_script_flags_kept_in_order(tmp_path: Path) -> None:

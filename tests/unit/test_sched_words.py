@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.sched.attempt import STOP_ENV, launcher_line, stop_words
-from tandem.sched.backend import describe
+from tandem.sched.backends.backend import describe
+from tandem.sched.service.attempt import STOP_ENV, launcher_line, stop_words
 
 
 @pytest.mark.parametrize(("handle", "said"), [

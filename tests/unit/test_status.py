@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tandem import local_agent
+from tandem.launcher import local_agent
 from tandem.monitor.store import STATUSES, RunStore
-from tandem.sched import lifecycle
-from tandem.sched.jobstore import SchedStore
-from tandem.sched.records import ACTIVE, DONE, STATES, Attempt, JobRecord
+from tandem.sched.service import lifecycle
+from tandem.sched.service.jobstore import SchedStore
+from tandem.sched.service.records import ACTIVE, DONE, STATES, Attempt, JobRecord
 from tandem.status import (
     ACTIVE_JOB_STATES,
     AttemptOutcome,

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from tandem.analyze.report import print_summary
+from tandem.analyze.report.run_report import print_summary
 from tandem.analyze.synthetic import Synthetic, write_synthetic
 from tandem.cli import _compare, _list_runs
 from tandem.monitor.store import RunStore
-from tandem.sched.jobs_cli import queue, submit_main
-from tandem.sched.jobstore import SchedStore
+from tandem.sched.service.jobs_cli import queue, submit_main
+from tandem.sched.service.jobstore import SchedStore
 from tandem.tables import print_fitted
 from tandem.tune.common import decision_table
 from tandem.tune.outcome import Record

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tandem.analyze.diagnose import IN_MEMORY_DATA, NO_COMM, Finding
+from tandem.analyze.diagnosis.diagnose import IN_MEMORY_DATA, NO_COMM, Finding
 from tandem.tune import controls
 from tandem.tune.arms import Bench
 from tandem.tune.space import DATA_CONTROL

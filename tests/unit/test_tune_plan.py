@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.analyze.diagnose import IN_MEMORY_DATA, NO_COMM, Finding
+from tandem.analyze.diagnosis.diagnose import IN_MEMORY_DATA, NO_COMM, Finding
 from tandem.config import load
 from tandem.tune import guard, planfile, space
 from tandem.tune.session import Record, TuneResult

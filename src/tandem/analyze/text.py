@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
-from tandem.analyze.svg import fmt
+from tandem.analyze.report.svg import fmt
 
 DASH = "-"
 

@@ -1,6 +1,6 @@
 """The SQL the dashboard runs against the scheduler's tables (sched_jobs, sched_attempts,
 sched_decisions, sched_resizes, sched_service; their schema is in
-tandem.sched.jobstore), read-only.
+tandem.sched.service.jobstore), read-only.
 
 The tables exist only once a scheduler (or `tandem submit`) has used the store; every
 function here answers "nothing" without them, so a page never needs `SchedStore` (which

@@ -9,8 +9,8 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.analyze.diagnose import diagnose
-from tandem.analyze.find_health import (
+from tandem.analyze.diagnosis.diagnose import diagnose
+from tandem.analyze.diagnosis.find_health import (
     START_WINDOWS,
     UNSTABLE_EVENT_KINDS,
     event_kind,
@@ -141,7 +141,7 @@ def latest_rows(conn: sqlite3.Connection, run_id: str) -> list[queries.MetricRow
 
 def diagnose_rows(conn: sqlite3.Connection, run: Mapping[str, Any],
                   rows: list[queries.MetricRow]) -> list[Any]:
-    """tandem.analyze.diagnose on these metric rows of `run`, with all of its events."""
+    """tandem.analyze.diagnosis.diagnose on these metric rows of `run`, with all of its events."""
     metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
                for r in rows]
     return diagnose(metrics, queries.events(conn, run["run_id"]), config=run.get("config"),
@@ -149,7 +149,7 @@ def diagnose_rows(conn: sqlite3.Connection, run: Mapping[str, Any],
 
 
 def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
-    """tandem.analyze.diagnose's findings on the run's rows, every field of each, and the
+    """tandem.analyze.diagnosis.diagnose's findings on the run's rows, every field of each, and the
     CPU seconds they took (`cost_s`: the page paces its next request by it).
 
     A live run longer than LIVE_ROWS is diagnosed on its latest windows (`latest`: their

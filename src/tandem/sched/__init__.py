@@ -12,16 +12,16 @@ The pieces the live scheduler and the simulator share:
 - `simulate()`, which replays a workload against measured traces.
 """
 
-from tandem.sched.cluster import Cluster
-from tandem.sched.efficiency import EfficiencyModel
-from tandem.sched.fifo import FIFOPolicy
-from tandem.sched.goodput import BatchConfig, GoodputModel
-from tandem.sched.goodput_policy import GoodputPolicy
-from tandem.sched.job import BatchLimits, JobSpec, JobView, Placement
-from tandem.sched.policy import Allocations, Policy
-from tandem.sched.simulator import SimResult, simulate
-from tandem.sched.throughput import StepSample, ThroughputModel
-from tandem.sched.tiresias import TiresiasPolicy
+from tandem.sched.policies.cluster import Cluster
+from tandem.sched.policies.efficiency import EfficiencyModel
+from tandem.sched.policies.fifo import FIFOPolicy
+from tandem.sched.policies.goodput import BatchConfig, GoodputModel
+from tandem.sched.policies.goodput_policy import GoodputPolicy
+from tandem.sched.policies.job import BatchLimits, JobSpec, JobView, Placement
+from tandem.sched.policies.policy import Allocations, Policy
+from tandem.sched.policies.throughput import StepSample, ThroughputModel
+from tandem.sched.policies.tiresias import TiresiasPolicy
+from tandem.sched.simulation.simulator import SimResult, simulate
 
 POLICIES = {"fifo": FIFOPolicy, "tiresias": TiresiasPolicy, "goodput": GoodputPolicy}
 

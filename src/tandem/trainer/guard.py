@@ -166,7 +166,7 @@ def stop_committed(step: int, path: str, interrupt: bool, is_main: bool,
     status: Interrupted (Ctrl-C) or Preempted (SIGTERM; the scheduler's cancel and resize
     say so in the event). All ranks."""
     kind = RunStatus.INTERRUPTED if interrupt else RunStatus.PREEMPTED
-    from tandem.sched.attempt import scheduler_stop  # a cancel is not a preemption
+    from tandem.sched.service.attempt import scheduler_stop  # a cancel is not a preemption
 
     words, then = (None if interrupt else scheduler_stop()) or (
         kind, "run the same command again to continue")

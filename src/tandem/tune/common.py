@@ -55,7 +55,7 @@ def runner_from(ns: argparse.Namespace) -> TrialRunner:
 
 def decision_table(records: list[Record], title: str) -> Table:
     """The decision record as a rich table."""
-    from tandem.analyze.report import trial_rows
+    from tandem.analyze.report.run_report import trial_rows
 
     table = Table(title=title, title_justify="left")
     for column in ("#", "trial", "status", "samples/s [95% CI]", "vs plan [95% CI]",

@@ -47,8 +47,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.analyze.diagnose import IN_MEMORY_DATA, NO_COMM
-from tandem.analyze.finding import VALIDATION_PREFIX
+from tandem.analyze.diagnosis.diagnose import IN_MEMORY_DATA, NO_COMM
+from tandem.analyze.diagnosis.finding import VALIDATION_PREFIX
 from tandem.monitor.store import RunStore
 from tandem.parallel import registry as strategies
 from tandem.tune import stats

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from tandem.analyze.figures import by_name, steady_median
+from tandem.analyze.report.figures import by_name, steady_median
 from tandem.monitor.catalogue import (
     COMM_ALLREDUCE_RATE,
     COMM_BUCKETS_PER_STEP,

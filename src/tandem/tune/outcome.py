@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.analyze.diagnose import Finding
+from tandem.analyze.diagnosis.diagnose import Finding
 from tandem.tune import stats as tstats
 
 

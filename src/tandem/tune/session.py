@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.analyze.diagnose import Finding, diagnose
+from tandem.analyze.diagnosis.diagnose import Finding, diagnose
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
 from tandem.tune import controls, guard, runsize, sizing, smells, space
@@ -536,6 +536,6 @@ def _predicted_text(predicted: float | None) -> str:
 
 def space_kinds() -> frozenset[str]:
     """The finding kinds the tuner acts on (the performance ones)."""
-    from tandem.analyze.diagnose import PERFORMANCE_KINDS
+    from tandem.analyze.diagnosis.diagnose import PERFORMANCE_KINDS
 
     return PERFORMANCE_KINDS | {"balanced"}

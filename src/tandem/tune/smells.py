@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.analyze.finding import Finding
+from tandem.analyze.diagnosis.finding import Finding
 from tandem.tune.measure import Measured
 from tandem.tune.sizing import DATA_SHARE, MIB, micro_batch
 from tandem.tune.space import Candidate, _ddp

@@ -170,7 +170,7 @@ def compute_remedies(base: Mapping[str, Any], reason: str, on_gpu: bool) -> list
 
 def control_of(finding: Any) -> str:
     """The launcher control for a finding: its own `control`, else the one its kind has."""
-    from tandem.analyze.diagnose import IN_MEMORY_DATA, NO_COMM
+    from tandem.analyze.diagnosis.diagnose import IN_MEMORY_DATA, NO_COMM
 
     control = getattr(finding, "control", None)
     if control is None:

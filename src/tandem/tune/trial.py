@@ -13,7 +13,7 @@ whichever is more frequent (a job that logs every step pays for it in every tria
 The checkpoints a trial wrote are deleted once its figures are read.
 
 Workers start warm (`warm_workers`): the session runs a fork server (the scheduler's,
-`tandem/forkserver.py`) that has imported torch once, and each trial's launcher forks
+`tandem/forking/server.py`) that has imported torch once, and each trial's launcher forks
 its ranks from it, so a run's start-up costs a fraction of a cold one's and a session's
 budget goes to measuring. The runs' figures do not include start-up (the first window
 is warm-up), so a run that started cold (before the server listened, or where a warm
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config_schema import _toml_value
-from tandem.forkwire import FORKSERVER_ENV
+from tandem.forking.wire import FORKSERVER_ENV
 from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP
 from tandem.monitor.store import RunStore
 from tandem.status import RunStatus
@@ -278,7 +278,7 @@ def warm_workers(runner: TrialRunner, enabled: bool = True) -> Iterator[None]:
     if not enabled:
         yield
         return
-    from tandem.sched.local_backend import ForkServer
+    from tandem.sched.backends.local_backend import ForkServer
 
     server = ForkServer()
     runner.forkserver = server

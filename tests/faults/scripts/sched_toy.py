@@ -9,7 +9,7 @@ import os
 import time
 
 import tandem
-from tandem.sched.sample_audit import SampleLog
+from tandem.sched.service.sample_audit import SampleLog
 from tests.dist import toy_task
 
 SLEEP = float(os.environ.get("TOY_SAMPLE_SLEEP", "0"))

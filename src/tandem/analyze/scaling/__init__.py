@@ -1,0 +1,1 @@
+"""Throughput at other process counts: efficiency measured, the model that predicts it."""

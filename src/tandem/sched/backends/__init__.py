@@ -1,0 +1,1 @@
+"""Where attempts run: this machine's processes, a Ray cluster, or Slurm."""

@@ -1,0 +1,1 @@
+"""Scheduling policies and the job, cluster and throughput models they decide on."""

@@ -1,0 +1,1 @@
+"""The live scheduler: its store tables, job lifecycle, service loop, API and commands."""

@@ -1,0 +1,1 @@
+"""The cluster simulator: workloads replayed against measured traces under a policy."""
