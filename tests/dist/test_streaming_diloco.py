@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import tandem
 from tandem.monitor.store import RunStore
@@ -19,10 +20,6 @@ from tests.dist.procs import run_ranks
 
 GLOBAL, H, STEPS, WORLD = 40, 4, 22, 2
 OUTER_LR, OUTER_MOMENTUM = 0.7, 0.9
-# The toy model's parameters, 384 + 32 + 96 + 3 values: cut in two contiguous runs of the
-# closest totals (384 | 131).
-FRAGMENTS = {1: [["0.weight", "0.bias", "2.weight", "2.bias"]],
-             2: [["0.weight"], ["0.bias", "2.weight", "2.bias"]]}
 PLANS = {"diloco": {"strategy": "diloco"},
          "p1t0": {"strategy": "streaming_diloco", "fragments": 1, "overlap_steps": 0},
          "p2t1": {"strategy": "streaming_diloco", "fragments": 2, "overlap_steps": 1}}
@@ -52,33 +49,39 @@ def _plans(rank: int, world: int, out: str) -> None:
 
 def reference(steps: int, fragments: int, tau: int, alpha: float = 0.5,
               optimizer=_sgd) -> dict:  # type: ignore[no-untyped-def]
-    """WORLD replicas of the toy model in one process: each trains on its share of every
-    global batch; fragment p meets at the steps s with (s - p*H//P) % H == 0, and its
-    averaged pseudo-gradient is applied tau steps later (outer Nesterov SGD), the replica
+    """WORLD replicas of the toy model in one process, on flat parameter vectors: each
+    replica trains on its share of every global batch; fragment p (the p-th of P equal
+    runs of the vector) meets at the steps s with (s - p*H//P) % H == 0, and its averaged
+    pseudo-gradient is applied tau steps later (outer Nesterov SGD), the replica's run
     replaced (tau = 0) or mixed with alpha; after the last step all meet and replace."""
     torch.manual_seed(tandem.runtime.derive_seed("build", 7))
     data, base = toy_task.IndexedData(), toy_task.make_model()
     reps = [copy.deepcopy(base) for _ in range(WORLD)]
     opts = [optimizer(r.parameters()) for r in reps]
-    params = [dict(r.named_parameters()) for r in reps]
-    outer = {n: p.detach().clone() for n, p in base.named_parameters()}
-    velocity = {n: torch.zeros_like(p) for n, p in outer.items()}
+    outer = parameters_to_vector(base.parameters()).detach().clone()
+    velocity = torch.zeros_like(outer)
+    bounds = [k * outer.numel() // fragments for k in range(fragments + 1)]
     order = toy_task.reference(steps, GLOBAL)[1]
-    frags, share = FRAGMENTS[fragments], GLOBAL // WORLD
-    pending: dict[int, tuple[int, dict]] = {}
+    share = GLOBAL // WORLD
+    pending: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def flat(r: int) -> torch.Tensor:
+        return parameters_to_vector(reps[r].parameters()).detach().clone()
 
     def start(p: int, s: int) -> None:
-        pending[p] = (s + tau, {n: sum(outer[n] - ps[n].detach() for ps in params) / WORLD
-                                for n in frags[p]})
+        lo, hi = bounds[p], bounds[p + 1]
+        pending[p] = (s + tau, sum(outer[lo:hi] - flat(r)[lo:hi] for r in range(WORLD)) / WORLD)
 
     def merge(p: int, replace: bool) -> None:
-        _, grads = pending.pop(p)
-        for n, g in grads.items():
-            velocity[n] = OUTER_MOMENTUM * velocity[n] + g
-            outer[n] = outer[n] - OUTER_LR * (g + OUTER_MOMENTUM * velocity[n])
+        lo, hi = bounds[p], bounds[p + 1]
+        g = pending.pop(p)[1]
+        velocity[lo:hi] = OUTER_MOMENTUM * velocity[lo:hi] + g
+        outer[lo:hi] -= OUTER_LR * (g + OUTER_MOMENTUM * velocity[lo:hi])
+        for r in range(WORLD):
+            v = flat(r)
+            v[lo:hi] = outer[lo:hi] if replace else alpha * v[lo:hi] + (1 - alpha) * outer[lo:hi]
             with torch.no_grad():
-                for ps in params:
-                    ps[n].copy_(outer[n] if replace else alpha * ps[n] + (1 - alpha) * outer[n])
+                vector_to_parameters(v, reps[r].parameters())
 
     for step in range(steps):
         ids = order[step * GLOBAL:(step + 1) * GLOBAL]
@@ -123,8 +126,8 @@ def test_streaming_matches_its_math_and_diloco_at_one_fragment(tmp_path: Path) -
         run_id = store.runs()[-1]["run_id"]
         peak = [m["value"] for m in store.metrics(run_id, name="comm/peak_bytes_per_sync")]
         overlap = [m["value"] for m in store.metrics(run_id, name="comm/overlap")]
-    # 2(N-1)/N = 1 of a fragment's fp32 values: the larger fragment is 384 of 515.
-    assert max(peak) == 384 * 4
+    # 2(N-1)/N = 1 of a fragment's fp32 values: the toy model's 515 cut 257 | 258.
+    assert max(peak) == 258 * 4
     assert overlap and all(0 <= v <= 1 for v in overlap)
 
 

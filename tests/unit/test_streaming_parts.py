@@ -1,7 +1,9 @@
-"""Streaming DiLoCo's parts that need no process group: the fragments' cut, the int8
+"""Streaming DiLoCo's parts that need no process group: the fragments, the int8
 outer gradients and the plan's validation."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -9,18 +11,22 @@ import torch
 import tandem
 from tandem.config import validate
 from tandem.parallel.outer_sum import dequantise, quantise
-from tandem.parallel.streaming import balanced_cuts
+from tandem.parallel.streaming import slices
 
 
-def test_fragments_are_contiguous_and_as_balanced_as_cuts_allow() -> None:
-    assert balanced_cuts([10, 10, 10, 10], 2) == [0, 2, 4]
-    assert balanced_cuts([10, 10, 10, 10], 4) == [0, 1, 2, 3, 4]
-    # 100 | 1 1 1 1 is the best cut in two; every part keeps at least one tensor.
-    assert balanced_cuts([100, 1, 1, 1, 1], 2) == [0, 1, 5]
-    assert balanced_cuts([1, 1, 1, 1, 100], 3) == [0, 3, 4, 5]
-    assert balanced_cuts([5, 3, 8, 2, 6, 4], 1) == [0, 6]
-    with pytest.raises(ValueError, match="plan.fragments: 3 must be between 1 and .* \\(2\\)"):
-        balanced_cuts([4, 4], 3)
+def test_fragments_are_equal_contiguous_runs_that_may_end_inside_a_tensor() -> None:
+    sizes = [384, 32, 96, 3]
+    runs = slices(sizes, 2)
+    assert runs == [[(0, 0, 257)], [(0, 257, 384), (1, 0, 32), (2, 0, 96), (3, 0, 3)]]
+    for parts in (1, 3, 4, 7):
+        runs = slices(sizes, parts)
+        lengths = [sum(b - a for _, a, b in run) for run in runs]
+        assert max(lengths) - min(lengths) <= 1 and sum(lengths) == sum(sizes)
+        pieces = [piece for run in runs for piece in run]  # in order, end to end
+        for (i, _, b), (j, a, _) in itertools.pairwise(pieces):
+            assert (j, a) == ((i, b) if b < sizes[i] else (i + 1, 0))
+    with pytest.raises(ValueError, match="plan.fragments: 6 must be between 1 and .* \\(5\\)"):
+        slices([2, 3], 6)
 
 
 def test_int8_outer_gradients_keep_each_tensor_within_half_a_step_of_its_scale() -> None:

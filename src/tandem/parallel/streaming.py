@@ -2,8 +2,9 @@
 with the inner steps (Douillard et al., 2025, "Streaming DiLoCo with overlapping
 communication").
 
-The model's tensors (its parameters in module order, then its floating buffers) are cut
-into P = `plan.fragments` contiguous fragments of about equal size. Fragment p meets every
+The model's values (its parameters in module order, then its floating buffers, end to end)
+are cut into P = `plan.fragments` contiguous fragments of equal size (a fragment may end
+inside a tensor: one large matrix does not hold the peak up). Fragment p meets every
 H = `plan.sync_every` steps, at the steps where (step - p * H // P) % H == 0, so at most
 one fragment starts on the wire at any step: the peak traffic is about 1/P of DiLoCo's.
 At its meeting a rank's pseudo-gradient (the fragment's outer parameters minus its own
@@ -51,19 +52,21 @@ from tandem.parallel.registry import STREAMING_DILOCO, StrategyInfo
 from tandem.parallel.strategy import Strategy
 
 
-def balanced_cuts(sizes: list[int], parts: int) -> list[int]:
-    """Boundaries 0 = b0 < b1 < ... < b_parts = len(sizes) cutting `sizes` into `parts`
-    contiguous runs whose totals are as close to total / parts as the cuts allow."""
-    if not 1 <= parts <= len(sizes):
-        raise ValueError(f"plan.fragments: {parts} must be between 1 and the number of the "
-                         f"model's tensors ({len(sizes)})")
-    cum = list(itertools.accumulate(sizes))
-    total, cuts = cum[-1], [0]
-    for k in range(1, parts):
-        # At least one tensor on each side of the cut, and one for every later part.
-        cuts.append(min(range(cuts[-1] + 1, len(sizes) - (parts - k) + 1),
-                        key=lambda c: abs(cum[c - 1] - total * k / parts)))
-    return [*cuts, len(sizes)]
+def slices(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
+    """Cut the concatenation of tensors of `sizes` elements into `parts` contiguous runs of
+    equal length (within one element); each run as its pieces (tensor index, start, stop)."""
+    total = sum(sizes)
+    if not 1 <= parts <= total:
+        raise ValueError(f"plan.fragments: {parts} must be between 1 and the model's "
+                         f"number of values ({total})")
+    bounds = [k * total // parts for k in range(parts + 1)]
+    offsets = [0, *itertools.accumulate(sizes)]
+    runs = []
+    for lo, hi in itertools.pairwise(bounds):
+        runs.append([(i, max(a, lo) - a, min(b, hi) - a)
+                     for i, (a, b) in enumerate(itertools.pairwise(offsets))
+                     if max(a, lo) < min(b, hi)])
+    return runs
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -79,9 +82,9 @@ def _assign(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
 
 @dataclass
 class Fragment:
-    """A contiguous run of the model's tensors with its outer state."""
+    """A contiguous run of the model's values with its outer state."""
 
-    tensors: list[torch.Tensor]
+    tensors: list[torch.Tensor]  # flat views of the model's tensors
     offset: int  # meets at the steps where (step - offset) % H == 0
     outer: torch.Tensor  # the shared (outer) parameters, flat fp32
     velocity: torch.Tensor  # the outer Nesterov momentum
@@ -112,19 +115,24 @@ class StreamingSync:
         self.outer_lr, self.outer_momentum, self.outer_dtype = outer_lr, outer_momentum, outer_dtype
         tensors = [p for p in model.parameters()] + [b for b in model.buffers()
                                                      if b.is_floating_point()]
+        crooked = [i for i, t in enumerate(tensors) if not t.is_contiguous()]
+        if crooked:
+            raise ValueError(f"plan.strategy streaming_diloco: the model's tensors {crooked} "
+                             "(parameters, then buffers) are not contiguous; fragments are "
+                             "flat views of them: make them contiguous")
+        self.tensors = tensors
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         for t in tensors:  # every replica starts from the same point
             dist.broadcast(t.data, src=0)
         # A group of its own: the sums in flight never queue the run's other collectives.
         self.group = dist.new_group()
-        cuts = balanced_cuts([t.numel() for t in tensors], fragments)
         self.fragments = []
-        for p, (lo, hi) in enumerate(itertools.pairwise(cuts)):
-            part = tensors[lo:hi]
-            outer = _flat(part)
+        for p, run in enumerate(slices([t.numel() for t in tensors], fragments)):
+            views = [tensors[i].detach().view(-1)[a:b] for i, a, b in run]
+            outer = _flat(views)
             self.fragments.append(Fragment(
-                part, p * every // fragments, outer, torch.zeros_like(outer),
-                torch.zeros_like(outer), [t.numel() for t in part]))
+                views, p * every // fragments, outer, torch.zeros_like(outer),
+                torch.zeros_like(outer), [v.numel() for v in views]))
         self.in_flight: dict[int, InFlight] = {}
         self._reset_counters()
 
@@ -217,8 +225,7 @@ class StreamingSync:
                  for p, f in enumerate(self.fragments)}
         # Copies: the model's own section holds the same tensors, and a load into one
         # storage from two sections would keep whichever came last.
-        replica = {str(i): t.detach().clone()
-                   for i, t in enumerate(t for f in self.fragments for t in f.tensors)}
+        replica = {str(i): t.detach().clone() for i, t in enumerate(self.tensors)}
         return {"fragments": frags, f"replica{self.rank}": replica,
                 "due": {str(p): job.due for p, job in self.in_flight.items()},
                 "replaced": [f.replaced for f in self.fragments], "world": self.world}
@@ -236,7 +243,7 @@ class StreamingSync:
             f.replaced = bool(state["replaced"][p])
         replica = state[f"replica{self.rank}"]
         with torch.no_grad():
-            for i, t in enumerate(t for f in self.fragments for t in f.tensors):
+            for i, t in enumerate(self.tensors):
                 t.copy_(replica[str(i)])
         now = time.perf_counter()
         self.in_flight = {int(p): InFlight(int(due), None, now, now)
