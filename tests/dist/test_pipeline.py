@@ -20,6 +20,8 @@ from torch.utils.data import Dataset
 
 import tandem
 from tandem.data.sampler import epoch_order
+from tandem.monitor.catalogue import PP_BUBBLE_PREDICTED
+from tandem.monitor.store import RunStore
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
 from tests.dist.token_data import Tokens, adamw, char_lm_task
@@ -44,6 +46,7 @@ def argv(out: str, name: str, steps: int, pp: int, schedule: str = "1F1B",
             "--plan.pp", str(pp), "--plan.pp_schedule", schedule,
             "--plan.pp_virtual", str(virtual), "--precision.mode", "fp32",
             "--monitor.progress", "off", "--monitor.log_every", "3",
+            "--monitor.calibrate_at", "2",  # a calibration pass of the step's micro-batches
             "--checkpoint.at_end", "true", "--checkpoint.every", "3"]
 
 
@@ -95,6 +98,11 @@ def test_every_schedule_trains_what_one_process_trains(tmp_path: Path) -> None:
         got = torch.load(tmp_path / f"{schedule}.pt", weights_only=False)
         assert got["summary"]["steps"] == STEPS, schedule
         assert_weights(got["state"], want)
+        # Every schedule's action table replays: each stage's predicted idle share.
+        with RunStore(tmp_path / "tandem.db") as store:
+            rows = store.metrics(store.run(schedule)["run_id"], name=PP_BUBBLE_PREDICTED)
+        assert {r["rank"] for r in rows} == {-1, 0, 1}, schedule
+        assert all(0.0 <= r["value"] < 1.0 for r in rows), schedule
 
 
 def _fit(rank: int, world: int, out: str, runs: list[tuple[str, int, int]]) -> None:
