@@ -63,6 +63,13 @@ def predicted_idle(order: Sequence[Sequence[Action]],
                    costs: Sequence[Mapping[str, float]]) -> list[float]:
     """Per rank, the share of the step's span it waits, with `costs[r]` the seconds of one
     action of each kind ("F", "B", "W") on rank r."""
+    span, busy = replay(order, costs)
+    return [1.0 - b / span if span > 0 else 0.0 for b in busy]
+
+
+def replay(order: Sequence[Sequence[Action]],
+           costs: Sequence[Mapping[str, float]]) -> tuple[float, list[float]]:
+    """The step's span and each rank's busy seconds when `order` runs at `costs`."""
     last = max(s for row in order for s, _, _ in row)
     done: dict[tuple[int, str, int], float] = {}
     free, busy, at = [0.0] * len(order), [0.0] * len(order), [0] * len(order)
@@ -84,8 +91,7 @@ def predicted_idle(order: Sequence[Sequence[Action]],
     if any(a < len(row) for a, row in zip(at, order, strict=True)):
         raise ValueError("pipeline action table cannot finish: an action waits on one that "
                          "never runs")
-    span = max(free)
-    return [1.0 - b / span if span > 0 else 0.0 for b in busy]
+    return max(free), busy
 
 
 def _needs(stage: int, kind: str, k: int, last: int) -> list[tuple[int, str, int]]:
