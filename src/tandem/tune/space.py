@@ -82,7 +82,9 @@ def flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def accumulation(config: Mapping[str, Any], world: int) -> int | None:
     """Accumulation passes per step of a flat config on `world` processes (None: invalid)."""
-    dp = max(1, world // max(1, int(config.get("plan.tp", 1) or 1)))
+    model_parallel = max(1, int(config.get("plan.tp", 1) or 1)) * max(
+        1, int(config.get("plan.pp", 1) or 1))
+    dp = max(1, world // model_parallel)
     batch = int(config.get("train.global_batch", 0) or 0)
     micro = int(config.get("train.micro_batch", 0) or 0)
     if batch <= 0 or batch % dp:
@@ -138,8 +140,11 @@ def comm_remedies(base: Mapping[str, Any], reason: str, world: int,
         out += [Candidate({"plan.comm_hook": "fp16"}, "comm", reason, predicted=predicted),
                 Candidate({"plan.comm_hook": "powersgd"}, "comm", reason,
                           predicted=predicted)]
-    out.append(Candidate({"plan.strategy": strategies.LOCALSGD.name, "plan.comm_hook": "none"},
-                         "comm", reason, predicted=predicted))
+    # Meeting every sync_every steps; streaming DiLoCo also hides the meetings behind
+    # inner steps (the time-to-target rule decides whether either pays).
+    out += [Candidate({"plan.strategy": name, "plan.comm_hook": "none"}, "comm", reason,
+                      predicted=predicted)
+            for name in (strategies.LOCALSGD.name, strategies.STREAMING_DILOCO.name)]
     if not base.get("plan.static_graph") and accumulation(base, world) == 1:
         out.append(Candidate({"plan.static_graph": True}, "comm", reason))
     return out
@@ -154,6 +159,13 @@ def memory_remedies(base: Mapping[str, Any], reason: str, world: int) -> list[Ca
         out.append(Candidate({"plan.strategy": strategies.FSDP.name, "plan.comm_hook": "none"},
                              "memory", reason))
     return out
+
+
+def pipeline_remedies(finding: Any, reason: str) -> list[Candidate]:
+    """The plans the pipeline-bubble finding priced by replaying its schedule (more
+    micro-batches, an interleaved schedule): they keep the math, so no guardrail."""
+    return [Candidate(dict(r["changes"]), "pipeline", reason, predicted=r["predicted"])
+            for r in finding.evidence.get("remedies", ())]
 
 
 def compute_remedies(base: Mapping[str, Any], reason: str, on_gpu: bool) -> list[Candidate]:
@@ -182,7 +194,8 @@ def control_of(finding: Any) -> str:
 def families_of(findings: Iterable[Any]) -> dict[str, Any]:
     """family -> the finding that names it, most severe first."""
     by_kind = {"input-bound": "data", "data-imbalance": "data", "communication-bound": "comm",
-               "memory-bound": "memory", "compute-bound": "compute"}
+               "memory-bound": "memory", "compute-bound": "compute",
+               "pipeline-bubble": "pipeline"}
     out: dict[str, Any] = {}
     for f in findings:
         family = by_kind.get(f.kind)
