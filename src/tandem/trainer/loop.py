@@ -17,6 +17,7 @@ from tandem.components import Chain, Component, RunParts
 from tandem.components.base import checkpoint_states, rollback_names
 from tandem.components.builtin import builtin
 from tandem.components.liveness import Liveness
+from tandem.components.task_losses import task_losses
 from tandem.config import Config, parse_target
 from tandem.data.loader import to_device
 from tandem.data.memory import load_seconds
@@ -55,7 +56,8 @@ class Trainer:
         self.strategy = build_strategy(config.plan, runtime, self.layout, config.run.seed)
         with preflight.stage():
             own = list(task.components()) if task.components is not None else []
-            self.components = Chain([*builtin(config, runtime), *own, *components])
+            self.components = Chain([*builtin(config, runtime), *task_losses(task), *own,
+                                     *components])
         try:
             self._build()
         except BaseException:
@@ -82,8 +84,8 @@ class Trainer:
             self.precision = Precision(config.precision, runtime.device)
             target = parse_target(config.train.target) if config.train.target else None
             preflight.check_target(target, task.metrics, data.eval_dataset is not None)
-            batch = preflight.first_batch(data.dataset, list(range(self.batches.micro)),
-                                          data.collate)
+            batch = preflight.first_batch(
+                data.dataset, data.first_ids(self.batches.micro, config.run.seed), data.collate)
         # Before any forward: FSDP2 leaves its unsharded parameters registered after one.
         self.components.setup(RunParts(self.model, self.strategy.module, self.optimizer,
                                        runtime.device, self.strategy.weights_replaced))
