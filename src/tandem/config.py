@@ -188,6 +188,7 @@ def validate(config: Config) -> Config:
                          f"rank; plan.strategy {config.plan.strategy!r}, plan.tp "
                          f"{config.plan.tp}, plan.pp {config.plan.pp} split them (use one "
                          "process, ddp, localsgd or diloco)")
+    _check_distill(config)
     if config.train.batch_ramp:
         parse_ramp(config.train.batch_ramp, config.train.global_batch)
         if "rollback" in (config.fault.nonfinite, config.fault.spike):
@@ -218,6 +219,16 @@ def validate(config: Config) -> Config:
     if config.run.name and ("/" in config.run.name or config.run.name in (".", "..")):
         raise ValueError(f"run.name: {config.run.name!r} must be a plain name without '/'")
     return config
+
+
+def _check_distill(config: Config) -> None:
+    train = config.train
+    if not train.distill_temperature > 0:
+        raise ValueError(f"train.distill_temperature: {train.distill_temperature!r} is out "
+                         "of range; expected a number > 0")
+    if not 0 <= train.distill_ratio <= 1:
+        raise ValueError(f"train.distill_ratio: {train.distill_ratio!r} is out of range; "
+                         "expected a number in [0, 1]")
 
 
 def _check_pipeline(config: Config) -> None:

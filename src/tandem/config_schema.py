@@ -99,6 +99,16 @@ class TrainConfig:
     lora_targets: str = _doc(
         "", "the Linear layers that get adapters: comma-separated glob patterns over module "
         "names, e.g. '*.q,*.v' (empty: every nn.Linear)")
+    distill_from: str = _doc(
+        "", "knowledge distillation from a frozen teacher: its weights, a tandem run "
+        "directory, a checkpoint directory or .safetensors (the teacher is built by "
+        "Task.teacher, else Task.model); empty: Task.teacher's module as built, if given")
+    distill_temperature: float = _doc(
+        1.0, "distillation temperature T: teacher and student logits are softened by 1/T; "
+        "the soft term is scaled by T^2 (a number > 0)")
+    distill_ratio: float = _doc(
+        0.5, "the distillation term's weight: ratio * T^2 * KL(teacher || student) + "
+        "(1 - ratio) * Task.loss, in [0, 1] (0: no teacher is used)")
     seq_ramp: str = _doc(
         "", "grow the training sequence length: 'STEP:LEN,...' cuts dim 1 of every batch "
         "tensor with 2+ dims to LEN from STEP on, LEN 0 being the full length, the first at "

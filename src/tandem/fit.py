@@ -19,6 +19,7 @@ from rich.console import Console
 from torch import nn
 
 from tandem.components import Component
+from tandem.components.liveness import last_seen
 from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import PreflightError, UsageError
 from tandem.monitor.progress import Reporter, print_summary
@@ -215,7 +216,7 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str,
             # Gloo reports a timed-out collective as a plain RuntimeError ("Application
             # timeout caused pair closure"): the liveness records name the rank that
             # stopped answering, and where it was. The error keeps its own type.
-            err.add_note(f"ranks last seen: {trainer.describe_ranks()}")
+            err.add_note(f"ranks last seen: {last_seen(trainer.components.components)}")
         raise
     finally:
         trainer.close()

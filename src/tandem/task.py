@@ -57,6 +57,10 @@ class Task:
     The model's forward must work on the local shard (e.g. count heads from the local
     width: ``view(b, t, -1, head_dim)``, not ``view(b, t, heads, -1)``).
 
+    ``teacher`` (optional) builds a teacher's module for knowledge distillation
+    (``tandem.compress.distill``): trained as built, or loaded from ``train.distill_from``.
+    Its outputs must have the shape of the model's.
+
     ``components`` (optional) makes the run's own components (``tandem.Component``:
     freeze parameters, add a term to the loss, keep a state in checkpoints), after the
     ones the config asks for; ``fit(..., components=[...])`` adds more after these.
@@ -74,12 +78,13 @@ class Task:
     eval_views: Callable[[Batch], Sequence[Batch]] | None = None
     collate: Callable[[list[Any]], Batch] | None = None
     components: Callable[[], Sequence[Any]] | None = None
+    teacher: Callable[[], nn.Module] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "optimizer", "train_data", "loss"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable, got {getattr(self, name)!r}")
-        for name in ("eval_data", "eval_views", "collate", "components"):
+        for name in ("eval_data", "eval_views", "collate", "components", "teacher"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable or None, got "
                                  f"{getattr(self, name)!r}")
@@ -100,13 +105,19 @@ class Task:
         """Call the model on a batch, through the user's ``forward`` if one is given."""
         if self.forward is not None:
             return self.forward(model, batch)
-        if isinstance(batch, (tuple, list)):
-            return model(batch[0])
-        if isinstance(batch, dict):
-            if "input" not in batch:
-                raise ValueError(
-                    f"a dict batch (keys {sorted(batch)}) is passed to the model as "
-                    "batch['input']; it has no 'input' key: give Task.forward = "
-                    "lambda model, batch: model(...) to say what the model takes")
-            return model(batch["input"])
-        return model(batch)
+        return default_forward(model, batch)
+
+
+def default_forward(model: nn.Module, batch: Batch) -> Any:
+    """``model(batch[0])`` for a tuple/list batch, ``model(batch["input"])`` for a dict,
+    ``model(batch)`` otherwise (`Task.forward` when none is given)."""
+    if isinstance(batch, (tuple, list)):
+        return model(batch[0])
+    if isinstance(batch, dict):
+        if "input" not in batch:
+            raise ValueError(
+                f"a dict batch (keys {sorted(batch)}) is passed to the model as "
+                "batch['input']; it has no 'input' key: give Task.forward = "
+                "lambda model, batch: model(...) to say what the model takes")
+        return model(batch["input"])
+    return model(batch)

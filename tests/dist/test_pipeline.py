@@ -22,7 +22,7 @@ import tandem
 from tandem.data.sampler import epoch_order
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
-from tests.dist.token_data import Tokens
+from tests.dist.token_data import Tokens, adamw, char_lm_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import char_lm  # noqa: E402
@@ -32,17 +32,8 @@ SCHEDULES = [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("LoopedBFS", 2)
              ("InterleavedZeroBubble", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 2)]
 
 
-def make_model() -> nn.Module:
-    return char_lm.CharLM(dim=16, layers=4, heads=2)
-
-
-def make_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1)
-
-
 def task() -> tandem.Task:
-    return tandem.Task(model=make_model, optimizer=make_optimizer, train_data=partial(Tokens, N, T, 7),
-                       loss=char_lm.loss)
+    return char_lm_task(7, N, T, dim=16, layers=4, heads=2)
 
 
 def argv(out: str, name: str, steps: int, pp: int, schedule: str = "1F1B",
@@ -70,8 +61,8 @@ def reference(steps: int) -> tuple[dict[str, torch.Tensor], list[float]]:
     of MICRO, each loss / their number; clipped; the losses of every step."""
     torch.manual_seed(derive_seed("build", SEED))
     data = Tokens(N, T, 7)
-    model = make_model()
-    opt = make_optimizer(model.parameters())
+    model = task().model()
+    opt = adamw(model.parameters())
     epoch, offset, losses = 0, 0, []
     for _ in range(steps):
         if offset + GLOBAL > N:

@@ -22,7 +22,7 @@ from tandem.data.sampler import epoch_order
 from tandem.monitor.store import RunStore
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
-from tests.dist.token_data import Tokens
+from tests.dist.token_data import Tokens, adamw, char_lm_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import char_lm  # noqa: E402
@@ -30,18 +30,9 @@ import char_lm  # noqa: E402
 N, T, GLOBAL, SEED, CLIP = 96, 16, 8, 3, 1.0
 
 
-def make_model() -> nn.Module:
-    return char_lm.CharLM(dim=32, layers=2, heads=4)
-
-
-def make_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=3e-3, weight_decay=0.1)
-
-
 def task() -> tandem.Task:
-    return tandem.Task(model=make_model, optimizer=make_optimizer, train_data=partial(Tokens, N, T, 99),
-                       eval_data=partial(Tokens, N, T, 99), loss=char_lm.loss,
-                       tensor_parallel=char_lm.task.tensor_parallel)
+    return char_lm_task(99, N, T, dim=32, layers=2, heads=4, evaluate=True,
+                        tensor_parallel=True)
 
 
 def _fit(rank: int, world: int, out: str, tp: int, steps: int, micro: int) -> None:
@@ -60,8 +51,8 @@ def reference(steps: int) -> tuple[dict[str, torch.Tensor], float]:
     """One process, plain PyTorch: the documented order, the whole global batch per step."""
     torch.manual_seed(derive_seed("build", SEED))
     data = Tokens(N, T, 99)
-    model = make_model()
-    opt = make_optimizer(model.parameters())
+    model = task().model()
+    opt = adamw(model.parameters())
     epoch, offset = 0, 0
     for _ in range(steps):
         if offset + GLOBAL > N:

@@ -1,9 +1,9 @@
 """Reading the run store: statistics, diagnosis, the HTML report and run comparison.
 
-Entry points: `tandem.analyze.diagnosis.diagnose.diagnose`, `tandem.analyze.report.run_report.write_html`,
-`print_summary`, `compare` and `compare_table` (also in `report`). The functions named
-like their modules (`diagnose`, `compare`) are not re-exported here, so that
-`tandem.analyze.diagnosis.diagnose` stays the module.
+Three subpackages: `diagnosis` (findings and the verdict), `scaling` (efficiency measured,
+throughput predicted at other sizes) and `report` (the HTML report, the terminal summary,
+runs side by side); `stats`, `text` and `synthetic` serve all three. Entry points:
+`verdict`, `write_html`, `print_summary` and `compare_table`, re-exported here.
 """
 
 from tandem.analyze.diagnosis.diagnose import Finding, verdict

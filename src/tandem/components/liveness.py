@@ -3,6 +3,8 @@ hang names the rank that stopped and where (`monitor.heartbeat`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch.distributed as dist
 
 from tandem.components.base import Component, RunParts
@@ -36,3 +38,9 @@ class Liveness(Component):
         """Stop publishing."""
         if self.heartbeat is not None:
             self.heartbeat.close()
+
+
+def last_seen(components: Sequence[Component]) -> str:
+    """Where every rank was last seen (for hang reports), from the run's liveness component."""
+    return next((c.describe() for c in components if isinstance(c, Liveness)),
+                "no liveness records")

@@ -55,16 +55,18 @@ def match(model_shapes: dict[str, list[int]], source_shapes: dict[str, list[int]
                                 "shape mismatch": mismatched}
 
 
-def report(source: Path, problems: dict[str, list[str]], partial: bool) -> str:
-    """'' when the source fits the model; else what does not, or a ValueError when
-    `partial` is off."""
+def report(source: Path, problems: dict[str, list[str]], partial: bool,
+           field: str = "run.init_from") -> str:
+    """'' when the source fits the model; else what does not, or a ValueError (naming the
+    setting `field`) when `partial` is off."""
     found = "; ".join(f"{label} keys: {_names(keys)}" if label != "shape mismatch"
                       else f"shape mismatch: {_names(keys)}"
                       for label, keys in problems.items() if keys)
     if found and not partial:
-        raise ValueError(f"run.init_from {source}: the weights do not match the model: "
-                         f"{found}. Set run.init_partial true to load the keys that match "
-                         "and keep the others as initialised (e.g. a new head)")
+        hint = (". Set run.init_partial true to load the keys that match and keep the "
+                "others as initialised (e.g. a new head)") if field == "run.init_from" else ""
+        raise ValueError(f"{field} {source}: the weights do not match the model: "
+                         f"{found}{hint}")
     return found
 
 
@@ -72,7 +74,7 @@ def _safe_open() -> Any:
     try:
         from safetensors import safe_open
     except ImportError:
-        raise ValueError("run.init_from a .safetensors source needs the safetensors package: "
+        raise ValueError("a .safetensors source of weights needs the safetensors package: "
                          "pip install 'tandem[finetune]' (or safetensors)") from None
     return safe_open
 
@@ -94,11 +96,11 @@ def safetensors_files(path: Path) -> dict[str, Path]:
     return out
 
 
-def kind_of(path: Path) -> str:
+def kind_of(path: Path, field: str = "run.init_from") -> str:
     """'safetensors', 'checkpoint' (one checkpoint directory) or 'run' (a run directory);
-    ValueError naming what is allowed."""
+    ValueError naming the setting `field` and what is allowed."""
     if not path.exists():
-        raise ValueError(f"run.init_from {path}: no such file or directory")
+        raise ValueError(f"{field} {path}: no such file or directory")
     if path.is_file():
         if path.suffix == ".safetensors":
             return "safetensors"
@@ -108,7 +110,7 @@ def kind_of(path: Path) -> str:
         return "run"
     elif (path / INDEX).is_file() or any(path.glob("*.safetensors")):
         return "safetensors"
-    raise ValueError(f"run.init_from {path}: not a tandem run directory, a checkpoint "
+    raise ValueError(f"{field} {path}: not a tandem run directory, a checkpoint "
                      "directory (with manifest.json), a .safetensors file or a folder of "
                      ".safetensors files")
 
@@ -120,21 +122,27 @@ class InitFrom(Component):
 
     restores_frozen = True
 
-    def __init__(self, source: str, partial: bool = False) -> None:
+    def __init__(self, source: str, partial: bool = False,
+                 field: str = "run.init_from") -> None:
         self.source = Path(source).expanduser()
-        self.partial = partial
-        self.kind = kind_of(self.source)  # checked at once: before the model is built
+        self.partial, self.field = partial, field  # `field`: the setting errors name
+        self.kind = kind_of(self.source, field)  # checked at once: before the model is built
         self.loaded: list[str] = []
 
     def setup(self, parts: RunParts) -> None:
         """Load the weights into the distributed model (every rank)."""
+        self.load(parts.module)
+        parts.weights_replaced()
+
+    def load(self, module: nn.Module) -> None:
+        """Load the source's weights into `module` (the user's module, or its shards).
+        Every rank: a checkpoint source is read through DCP."""
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
             set_model_state_dict,
         )
 
-        module = parts.module
         own = get_model_state_dict(module)
         shapes = {k: list(v.shape) for k, v in own.items() if isinstance(v, torch.Tensor)}
         if self.kind == "safetensors":
@@ -142,8 +150,7 @@ class InitFrom(Component):
                                            StateDictOptions)
         else:
             found = self._from_checkpoint(module, own, shapes)
-        parts.weights_replaced()
-        log.info("run.init_from %s: loaded %d of the model's %d tensors%s", self.source,
+        log.info("%s %s: loaded %d of the model's %d tensors%s", self.field, self.source,
                  len(self.loaded), len(shapes), f" ({found})" if found else "")
 
     def _from_safetensors(self, module: nn.Module, shapes: dict[str, list[int]],
@@ -159,7 +166,7 @@ class InitFrom(Component):
                 for name in names:
                     source_shapes[name] = list(f.get_slice(name).get_shape())
         keys, problems = match(shapes, source_shapes)
-        found = report(self.source, problems, self.partial)
+        found = report(self.source, problems, self.partial, self.field)
         wanted = set(keys)
         tensors: dict[str, torch.Tensor] = {}
         for file, names in by_file.items():
@@ -185,16 +192,16 @@ class InitFrom(Component):
         if self.kind == "run":
             found_path = latest(path / "checkpoints")
             if found_path is None:
-                raise ValueError(f"run.init_from {path}: the run has no good checkpoint "
+                raise ValueError(f"{self.field} {path}: the run has no good checkpoint "
                                  f"under {path / 'checkpoints'}")
             path = found_path
         saved = manifest.read(path)["shapes"]
         source_shapes = {k[len("model."):]: v for k, v in saved.items()
                          if k.startswith("model.")}
         if not source_shapes:
-            raise ValueError(f"run.init_from {path}: the checkpoint holds no model weights")
+            raise ValueError(f"{self.field} {path}: the checkpoint holds no model weights")
         keys, problems = match(shapes, source_shapes)
-        found = report(path, problems, self.partial)
+        found = report(path, problems, self.partial, self.field)
         subset = {k: own[k] for k in keys}
         load(path, {"model": subset}, strict=False)  # DCP reshards into `subset`
         set_model_state_dict(module, subset, options=StateDictOptions(strict=False))

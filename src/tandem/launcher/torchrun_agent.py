@@ -1,7 +1,7 @@
 """torchrun's agent, with its failure report cut to one line.
 
-`tandem run` starts `python -m tandem.launcher.torchrun_agent ARGS`, which is `torchrun ARGS` except for
-how a failure ends: torchrun prints a ChildFailedError traceback and a table after the
+`tandem run` starts `python -m tandem.launcher.torchrun_agent ARGS`, which is `torchrun ARGS`
+except for how a failure ends: torchrun prints a ChildFailedError traceback and a table after the
 failed rank's own message; here a rank that stopped with a usage error (exit status 2,
 its one-line message already printed) ends the agent quietly with that status, and any
 other failure is named in one line (rank, exit status, where its traceback is).

@@ -71,6 +71,8 @@ TIME_STEP_MAX = _metric("time/step_max", "s", "longest step time within the wind
 TIME_DATA = _metric("time/data", "s", "per step: waiting for the next batch")
 TIME_H2D = _metric("time/h2d", "s", "per step: host-to-device copy on the critical path")
 TIME_FORWARD = _metric("time/forward", "s", "per step: forward passes")
+TIME_TEACHER = _metric("time/teacher", "s", "per step: a distillation teacher's forward "
+                      "passes (a part of time/forward)")
 TIME_BACKWARD = _metric("time/backward", "s", "per step: backward passes, all-reduce "
                         "waits included")
 TIME_BACKWARD_SYNC = _metric("time/backward_sync", "s",

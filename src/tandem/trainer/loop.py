@@ -16,14 +16,13 @@ from tandem.checkpoint import CheckpointError, CheckpointManager
 from tandem.components import Chain, Component, RunParts
 from tandem.components.base import checkpoint_states, rollback_names
 from tandem.components.builtin import builtin
-from tandem.components.liveness import Liveness
-from tandem.components.task_losses import task_losses
 from tandem.config import Config, parse_target
 from tandem.data.loader import to_device
 from tandem.data.memory import load_seconds
 from tandem.monitor.catalogue import LOSS_SCALE, LR, TIME_CHECKPOINT_BLOCKING
 from tandem.monitor.live import LiveMonitor
 from tandem.monitor.progress import Reporter
+from tandem.optim import share_work
 from tandem.optim.schedule import LrController
 from tandem.parallel import build_strategy, plan_layout
 from tandem.runtime import Runtime, seed_step
@@ -56,8 +55,7 @@ class Trainer:
         self.strategy = build_strategy(config.plan, runtime, self.layout, config.run.seed)
         with preflight.stage():
             own = list(task.components()) if task.components is not None else []
-            self.components = Chain([*builtin(config, runtime), *task_losses(task), *own,
-                                     *components])
+            self.components = Chain([*builtin(config, runtime, task), *own, *components])
         try:
             self._build()
         except BaseException:
@@ -75,9 +73,7 @@ class Trainer:
         with preflight.stage():
             self.params = [p for p in self.model.parameters() if p.requires_grad]
             self.optimizer = preflight.check_optimizer(task.optimizer(self.params))
-            share = getattr(self.optimizer, "share_work", None)  # e.g. Muon
-            if share is not None and self.strategy.identical_replicas and self.layout.dp_size > 1:
-                share(self.layout.dp_group, self.strategy.shared_memory())
+            share_work(self.optimizer, self.strategy, self.layout)
             self.lr = LrController(self.optimizer, config.optim, config.train.steps,
                                    config.train.global_batch,
                                    self.batches.size_at if self.batches.ramp else None)
@@ -295,16 +291,10 @@ class Trainer:
         """The trained model, owned by no process group (`exported`). All ranks."""
         return exported(self.strategy, self.task.model, self.components)
 
-    def describe_ranks(self) -> str:
-        """Where every rank was last seen (for hang reports)."""
-        return next((c.describe() for c in self.components.components
-                     if isinstance(c, Liveness)), "no liveness records")
-
     def summary(self) -> dict[str, Any]:
         """The run's outcome as JSON-ready values."""
-        data_load_s = load_seconds(self.data.dataset, self.data.eval_dataset)
         return summary_of(self.run_dir, self.state.step, self.config, self.runtime.world_size,
                           self.batches, self.progress, self.evaluations, self.calibration.seconds,
                           self.monitor.percentiles(), self.task.tokens_per_sample,
-                          self.started_at, data_load_s)
+                          self.started_at, load_seconds(self.data.dataset, self.data.eval_dataset))
 

@@ -1,1 +1,1 @@
-"""Throughput at other process counts: scaling efficiency measured, and the model that predicts it."""
+"""Throughput at other process counts: efficiency measured, the model that predicts it."""
