@@ -21,8 +21,9 @@ from tandem.task import Task
 def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
     """Freezing and the initial weights first (every later component sees the model they
     make), activation checkpointing before compilation (as the plan applies them), the
-    weight average, each source's loss of a mixture, the teacher (before an injected fault scales the loss), then liveness
-    before fault injection (a rank killed by a fault is last seen where it was killed)."""
+    weight average, the record of each source's loss of a mixture, the teacher (before an
+    injected fault scales the loss), then liveness before fault injection (a rank killed
+    by a fault is last seen where it was killed)."""
     out: list[Component] = []
     if config.train.freeze:
         out.append(Freeze(parse_patterns(config.train.freeze)))
