@@ -257,14 +257,17 @@ class Mixture:
 
     def loss(self, outputs: Any, batch: MixedBatch) -> torch.Tensor:
         """The mean loss over the micro-batch's samples: each source's loss of its rows,
-        weighted by its rows. The heads of sources absent from the batch enter with weight
-        0, so every head has a gradient at every step (DDP needs one)."""
+        weighted by its rows. Of a dict of outputs, the entries no source of the batch
+        reads (the heads of sources absent from it) enter with weight 0, so every head has
+        a gradient at every step (DDP needs one)."""
         per = self.source_losses(outputs, batch)
         n = batch_size(batch)
         total = sum(loss * count / n for loss, count in per.values())
-        for s in self.sources:
-            if s.name not in per and s.head is not None and isinstance(outputs, dict):
-                total = total + 0.0 * outputs[s.head].float().sum()
+        if isinstance(outputs, dict):
+            read = {self.source(name).head for name in per}
+            for key, value in outputs.items():
+                if key not in read and isinstance(value, torch.Tensor) and value.requires_grad:
+                    total = total + 0.0 * value.float().sum()
         return total  # type: ignore[return-value]
 
     def source_losses(self, outputs: Any, batch: MixedBatch) -> dict[str, tuple[torch.Tensor,
