@@ -3,7 +3,9 @@ at any world size and across a resume, each source's loss and evaluation, bad in
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 import tandem
+from tandem.analyze.report.run_report import write_html
 from tandem.data.mixture import MixedBatch
 from tandem.data.sampler import Cursor, GlobalBatchSampler
 from tandem.monitor.store import RunStore
@@ -135,8 +138,11 @@ def test_the_loss_is_the_mean_over_samples_of_each_sources_loss() -> None:
 
 def test_a_run_records_each_sources_loss_and_evaluates_each_source(tmp_path: Path) -> None:
     mix_task.SEEN.clear()
-    cfg = mix_task.config(str(tmp_path), 12, 20, monitor={"log_every": 6})
+    cfg = mix_task.config(str(tmp_path), 12, 20, monitor={"log_every": 6},
+                          train={"target": "task/reg/eval_loss<=1e9"})
     result = tandem.fit(mix_task.task(), config=cfg)
+    # A source's own figure is a goal evaluation checks.
+    assert result.summary["target"] == "task/reg/eval_loss<=1e9 at step 12"
     ref, per_step = mix_task.reference(5, 12, 20)
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(result.model.state_dict()[name], value, rtol=1e-5,
@@ -147,6 +153,14 @@ def test_a_run_records_each_sources_loss_and_evaluates_each_source(tmp_path: Pat
     with RunStore(store_file) as store:
         (run,) = store.runs()
         rows = store.metrics(run["run_id"])
+        page = write_html(store, run["run_id"], tmp_path / "report.html").read_text()
+    # The report's per-task chart holds each source's recorded curves.
+    block = re.search(r'<script type="application/json" id="data-task-loss">(.*?)</script>',
+                      page, re.S)
+    assert block is not None
+    series = {line["name"]: line["y"] for line in json.loads(block.group(1))["series"]}
+    assert series["cls loss"] == [r["value"] for r in rows if r["name"] == "task/cls/loss"]
+    assert set(series) == {"cls loss", "reg loss", "cls eval_loss", "reg eval_loss"}
     last = {r["name"]: r["value"] for r in rows if r["rank"] == -1 and r["step"] == 12}
     # The last window (steps 6-11): each source's mean loss over its samples and share.
     for name in ("cls", "reg"):

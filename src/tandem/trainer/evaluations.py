@@ -124,6 +124,15 @@ class Evaluations:
             raise
 
 
+def by_source(dataset: Any) -> list[str]:
+    """What evaluating a mixture's data produces of each source (task/NAME/eval_loss and
+    task/NAME/METRIC); nothing for another dataset."""
+    if not isinstance(dataset, MixedDataset):
+        return []
+    return [task_metric(s.name, what) for s in dataset.mixture.sources
+            for what in (task_kind(TASK_EVAL_LOSS), *s.metrics)]
+
+
 def _seen_by(source: Source, metric: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     """`metric` of one source, called on a batch of that source alone: on its head of the
     outputs and on its own collated samples."""

@@ -24,9 +24,13 @@ from tandem.monitor.catalogue import (
     MEM_CUDA_TOTAL,
     MEM_RSS,
     SAMPLES_PER_S,
+    TASK_EVAL_LOSS,
+    TASK_LOSS,
+    TASK_SHARE,
     TIME_STEP,
     TOKENS_PER_S,
     UPDATE_RATIO,
+    task_kind,
 )
 
 Groups = Mapping[str, Sequence[Metric]]
@@ -93,6 +97,26 @@ def eval_panel(groups: Groups) -> str:
     names = [n for n in figures.eval_names(groups) if not n.endswith("loss")]
     lines = [svg.Line(n, *figures.series_of(groups, n)) for n in names]
     return line_panel("Evaluation metrics", "data-eval", lines)
+
+
+def task_panels(groups: Groups) -> list[str]:
+    """A mixture's sources: each one's training and evaluation loss, and its own
+    evaluation metrics, one colour per source."""
+    names = figures.task_names(groups)
+    sources = sorted({source for source, _ in names.values()})
+    losses = {task_kind(TASK_LOSS): False, task_kind(TASK_EVAL_LOSS): True}  # dashed
+    loss_lines, metric_lines = [], []
+    for name, (source, what) in names.items():
+        color = svg.PALETTE[sources.index(source) % len(svg.PALETTE)]
+        line = svg.Line(f"{source} {what}", *figures.series_of(groups, name), color,
+                        dashed=losses.get(what, False))
+        if what in losses:
+            loss_lines.append(line)
+        elif what != task_kind(TASK_SHARE):
+            metric_lines.append(line)
+    return [line_panel("Loss by task", "data-task-loss", loss_lines,
+                       note="solid: training (window mean); dashed: evaluation"),
+            line_panel("Evaluation metrics by task", "data-task-metrics", metric_lines)]
 
 
 def throughput_panels(groups: Groups) -> list[str]:
