@@ -14,6 +14,7 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset
 
 import tandem
+from tandem.analyze.diagnosis.diagnose import diagnose
 from tandem.analyze.report.run_report import write_html
 from tandem.data.mixture import MixedBatch
 from tandem.data.sampler import Cursor, GlobalBatchSampler
@@ -199,3 +200,28 @@ def test_a_run_records_each_sources_loss_and_evaluates_each_source(tmp_path: Pat
 def test_bad_mixtures_are_refused_with_what_is_allowed(make, message) -> None:
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def _task_rows(curves: dict[str, list[float]]) -> list[dict]:
+    return [{"step": 10 * (i + 1), "rank": -1, "name": f"task/{source}/loss", "value": v,
+             "time": float(i)} for source, values in curves.items()
+            for i, v in enumerate(values)]
+
+
+def test_the_diagnosis_names_a_task_whose_loss_stalls_or_rises_while_others_fall() -> None:
+    falling = [2.0, 1.8, 1.5, 1.3, 1.1, 1.0, 0.9, 0.85, 0.8, 0.75]  # -44%
+    flat = [0.7, 0.69, 0.71, 0.7, 0.7, 0.69, 0.7, 0.7, 0.71, 0.7]  # 0.7 -> 0.7
+    rising = [0.5, 0.5, 0.52, 0.55, 0.6, 0.62, 0.65, 0.66, 0.7, 0.72]  # medians 0.5 -> 0.7
+    found = [f for f in diagnose(_task_rows({"a": falling, "b": flat, "c": rising}))
+             if f.kind == "task-stalls"]
+    by_task = {f.evidence["task"]: f for f in found}
+    assert set(by_task) == {"b", "c"}
+    assert by_task["c"].severity == "medium" and "rose" in by_task["c"].message
+    assert by_task["b"].severity == "low" and "stalled" in by_task["b"].message
+    assert by_task["c"].evidence["change"] == pytest.approx(0.70 / 0.50 - 1)
+    assert by_task["b"].evidence["others"] == {"a": pytest.approx(0.8 / 1.8 - 1)}
+    # All falling, or too few windows to tell: nothing to say.
+    assert not [f for f in diagnose(_task_rows({"a": falling, "b": falling}))
+                if f.kind == "task-stalls"]
+    assert not [f for f in diagnose(_task_rows({"a": falling[:5], "b": flat[:5]}))
+                if f.kind == "task-stalls"]
