@@ -57,8 +57,8 @@ class Source:
         if self.eval is not None and not callable(self.eval):
             raise ValueError(f"tandem.Source {self.name!r}: eval must be a dataset factory "
                              f"or None, got {self.eval!r}")
-        if self.weight is not None and not (isinstance(self.weight, int | float)
-                                            and self.weight > 0 and self.weight < float("inf")):
+        if self.weight is not None and (isinstance(self.weight, bool) or not (
+                isinstance(self.weight, int | float) and 0 < self.weight < float("inf"))):
             raise ValueError(f"tandem.Source {self.name!r}: weight {self.weight!r} must be a "
                              "finite number > 0 (its share relative to the others'); leave "
                              "the source out of the mixture to drop it")
@@ -206,6 +206,8 @@ class Mixture:
             raise ValueError(f"tandem.Mixture: temperature {temperature!r} must be a finite "
                              "number > 0 (1: shares by size; larger: flatter)")
         self.sources, self.temperature = sources, temperature
+        # Weights and a temperature together, or weights for some sources only: refused
+        # now, not when the datasets are built in every process.
         probabilities([1] * len(sources), [s.weight for s in sources], temperature, names)
 
     @property
