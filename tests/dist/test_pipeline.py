@@ -9,7 +9,10 @@ one process and one process's on a pipeline, optimizer state and sample order in
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -20,11 +23,14 @@ from torch.utils.data import Dataset
 
 import tandem
 from tandem.data.sampler import epoch_order
+from tandem.monitor.catalogue import PP_BUBBLE_PREDICTED
+from tandem.monitor.store import RunStore
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
 from tests.dist.token_data import Tokens, adamw, char_lm_task
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
 import char_lm  # noqa: E402
 
 N, T, GLOBAL, MICRO, SEED, CLIP, STEPS = 64, 8, 8, 2, 5, 0.5, 6
@@ -44,6 +50,7 @@ def argv(out: str, name: str, steps: int, pp: int, schedule: str = "1F1B",
             "--plan.pp", str(pp), "--plan.pp_schedule", schedule,
             "--plan.pp_virtual", str(virtual), "--precision.mode", "fp32",
             "--monitor.progress", "off", "--monitor.log_every", "3",
+            "--monitor.calibrate_at", "2",  # a calibration pass of the step's micro-batches
             "--checkpoint.at_end", "true", "--checkpoint.every", "3"]
 
 
@@ -95,6 +102,11 @@ def test_every_schedule_trains_what_one_process_trains(tmp_path: Path) -> None:
         got = torch.load(tmp_path / f"{schedule}.pt", weights_only=False)
         assert got["summary"]["steps"] == STEPS, schedule
         assert_weights(got["state"], want)
+        # Every schedule's action table replays: each stage's predicted idle share.
+        with RunStore(tmp_path / "tandem.db") as store:
+            rows = store.metrics(store.run(schedule)["run_id"], name=PP_BUBBLE_PREDICTED)
+        assert {r["rank"] for r in rows} == {-1, 0, 1}, schedule
+        assert all(0.0 <= r["value"] < 1.0 for r in rows), schedule
 
 
 def _fit(rank: int, world: int, out: str, runs: list[tuple[str, int, int]]) -> None:
@@ -120,3 +132,26 @@ def test_checkpoints_move_between_a_pipeline_and_one_process(tmp_path: Path) -> 
         got = torch.load(tmp_path / f"{name}.pt", weights_only=False)
         assert got["summary"]["steps"] == STEPS
         assert_weights(got["state"], want)
+
+
+@pytest.mark.timeout(150)
+def test_a_stuck_schedule_is_stopped_and_named(tmp_path: Path) -> None:
+    # Stage 1's last block sleeps in a forward of step 3 or so: the watchdog stops the run
+    # within seconds of plan.pp_watchdog_s, naming the schedule, the stage and the action.
+    stall_file = tmp_path / "stalled_at"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo",
+               STALL_AFTER="12", STALL_FILE=str(stall_file))
+    cmd = [sys.executable, "-m", "tandem.cli", "run", "--nproc-per-node", "2",
+           str(ROOT / "tests" / "dist" / "scripts" / "pipeline_stall.py"),
+           "--plan.pp", "2", "--plan.pp_schedule", "1F1B", "--plan.pp_watchdog_s", "5",
+           "--train.steps", "40", "--train.global_batch", "8", "--train.micro_batch", "2",
+           "--monitor.log_every", "40", "--monitor.calibrate_at", "0",
+           "--checkpoint.every", "0", "--run.dir", str(tmp_path), "--monitor.progress", "off"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=140)
+    ended = time.time()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert stall_file.exists(), out
+    assert ended - float(stall_file.read_text()) < 60, out
+    assert ("pipeline schedule '1F1B' made no progress for 5 s (plan.pp_watchdog_s) on "
+            "stage 1, action F of micro-batch") in out, out

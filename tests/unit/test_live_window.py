@@ -41,6 +41,16 @@ def test_no_update_ratio_without_a_measured_step() -> None:
     assert "update_ratio" not in {name for _, _, name, _ in window.rows}
 
 
+def test_a_per_rank_figure_is_recorded_per_rank_and_its_mean_for_the_job() -> None:
+    monitor = _monitor(1)
+    monitor.step(torch.tensor(1.0), torch.tensor(0.5), 0.01, 8)
+    window = monitor.close(1, busy=0.1, extra={"pp/bubble": [0.1, 0.4], "lr": 0.5})
+    got = {(rank, name): value for _, rank, name, value in window.rows
+           if name in ("pp/bubble", "lr")}
+    assert got == {(-1, "pp/bubble"): pytest.approx(0.25), (0, "pp/bubble"): 0.1,
+                   (1, "pp/bubble"): 0.4, (-1, "lr"): 0.5}
+
+
 def test_gpu_utilisation_from_nvml_and_nothing_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from tandem.monitor import system
 

@@ -128,14 +128,15 @@ SYS_GPU_MEM_UTIL = _metric("sys/gpu_mem_util_percent", "%",
                            "GPU memory-controller utilisation (NVML)")
 
 # ---------------------------------------------------------------- pipeline stages
-PP_FORWARD_S = _metric("pp/forward_s", "s", "per step: this rank's stage forward actions")
+# Recorded per rank; the job's value is the mean over the ranks.
+PP_FORWARD_S = _metric("pp/forward_s", "s", "per step: the rank's stage forward actions")
 PP_BACKWARD_S = _metric("pp/backward_s", "s",
-                        "per step: this rank's stage backward actions (input and weight)")
+                        "per step: the rank's stage backward actions (input and weight)")
 PP_BUBBLE = _metric("pp/bubble", "fraction",
-                    "share of the schedule's step this rank's stages were idle (measured)")
+                    "share of the schedule's step the rank's stages were idle (measured)")
 PP_BUBBLE_PREDICTED = _metric("pp/bubble_predicted", "fraction",
-                              "the schedule's idle share for this rank, from its action "
-                              "table and the measured forward/backward costs")
+                              "the rank's idle share the schedule's action table predicts "
+                              "from every stage's measured forward/backward costs")
 
 # ---------------------------------------------------------------- communication
 COMM_BYTES_PER_STEP = _metric("comm/bytes_per_step", "bytes",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 try:
     import fcntl
@@ -39,9 +39,14 @@ _GPU_PEAKS: tuple[tuple[str, float, float, float], ...] = (
 
 
 def count_flops(run: Callable[[], None]) -> int:
-    """FLOPs that torch's counter sees while `run` executes (matmuls, convolutions)."""
+    """FLOPs that torch's counter sees while `run` executes (matmuls, convolutions).
+
+    Only the dispatch mode is entered, not FlopCounterMode's module tracker: the total
+    needs no per-module split, and the tracker's gradient hooks fail inside
+    `torch.autograd.grad`, which zero-bubble pipeline schedules call for their split
+    backward."""
     counter = FlopCounterMode(display=False)
-    with counter:
+    with _FlopCounterMode(counter):
         run()
     return int(counter.get_total_flops())
 

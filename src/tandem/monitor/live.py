@@ -179,8 +179,10 @@ class LiveMonitor:
             self._noise_in = None
         return torch.cat([head, losses.double(), norms.double()])
 
-    def close(self, step: int, busy: float, extra: dict[str, float]) -> Window | None:
-        """End a window: gather from all ranks; rank 0 gets the Window. All ranks."""
+    def close(self, step: int, busy: float,
+              extra: dict[str, float | list[float]]) -> Window | None:
+        """End a window: gather from all ranks; rank 0 gets the Window (`extra`: job-wide
+        values, or a list of one value per rank). All ranks."""
         if not self._losses:
             return None
         table = gather(self._pack(busy))
@@ -205,7 +207,12 @@ class LiveMonitor:
         torch.cuda.reset_peak_memory_stats(self.device)
         return peak, float(torch.cuda.get_device_properties(self.device).total_memory)
 
-    def _derive(self, step: int, table: torch.Tensor, extra: dict[str, float]) -> Window:
+    def _derive(self, step: int, table: torch.Tensor,
+                extra: dict[str, float | list[float]]) -> Window:
+        # A list holds one value per rank: rows of each rank, and their mean as the job's.
+        per_rank = {name: v for name, v in extra.items() if isinstance(v, list)}
+        extra = {name: statistics.fmean(v) if isinstance(v, list) else v
+                 for name, v in extra.items()}
         k = len(_FIXED)
         fixed = {name: table[:, i].tolist() for i, name in enumerate(_FIXED)}
         steps = int(fixed["steps"][0])
@@ -250,6 +257,8 @@ class LiveMonitor:
         system = self.system.sample() if self.system else {}
         rows += [(step, -1, name, value) for name, value in {**self.static, **extra,
                                                                **system}.items()]
+        rows += [(step, r, name, value) for name, values in per_rank.items()
+                 for r, value in enumerate(values)]
         events = self._detect(step, per_step_loss, grad_norms[:steps], rate,
                               statistics.fmean(fixed["data"]) / max(busy, 1e-12))
         return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events,

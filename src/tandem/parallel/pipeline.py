@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tandem.monitor.catalogue import PP_BACKWARD_S, PP_BUBBLE, PP_FORWARD_S
-from tandem.parallel import schedules
+from tandem.monitor.catalogue import PP_BACKWARD_S, PP_BUBBLE, PP_BUBBLE_PREDICTED, PP_FORWARD_S
+from tandem.parallel import bubble, schedules
 from tandem.parallel.registry import PP, StrategyInfo
 from tandem.parallel.stages import auto_split, parse_split, shell
 from tandem.parallel.strategy import (
@@ -68,6 +68,7 @@ class PipelineStrategy(Strategy):
     info: ClassVar[StrategyInfo] = PP
     name: ClassVar[str] = PP.name
     times_comm: ClassVar[bool] = False
+    whole_step_passes: ClassVar[bool] = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -289,14 +290,33 @@ class PipelineStrategy(Strategy):
             dist.broadcast(tensor.data, src=src, group=group)
         self.stale = False
 
-    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
-        """Per step: this rank's forward and backward seconds and its idle share."""
+    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float | list[float]]:
+        """Per step, for every rank: its stages' forward and backward seconds, their idle
+        share measured, and the idle share the schedule's action table predicts from every
+        stage's measured costs (`bubble`). Two all_gathers (the pipeline's ranks, then
+        all ranks). All ranks."""
         t, n = self.times, max(self.times["steps"], 1.0)
-        busy = t["F"] + t["B"] + t["W"]
-        out = {PP_FORWARD_S: t["F"] / n, PP_BACKWARD_S: (t["B"] + t["W"]) / n,
-               PP_BUBBLE: max(0.0, 1.0 - busy / t["step"]) if t["step"] > 0 else 0.0}
         self.times = dict.fromkeys(self.times, 0.0)
-        return out
+        if not (self.micro and t["steps"]):  # the same on every rank: they step together
+            return {}
+        mine = [t["F"] / n, t["B"] / n, t["W"] / n]
+        seconds = [dict(zip("FBW", row, strict=True)) for row in self._gather(mine, self.pp_group)]
+        order = bubble.action_order(self.plan.pp_schedule, self.pp, self.plan.pp_virtual,
+                                    self.micro)
+        predicted = bubble.predicted_idle(order, bubble.per_action_costs(order, seconds))
+        measured = max(0.0, 1.0 - sum(mine) * n / t["step"]) if t["step"] > 0 else 0.0
+        every = self._gather([mine[0], mine[1] + mine[2], measured, predicted[self.pp_rank]])
+        return {name: [row[i] for row in every] for i, name in enumerate(
+            (PP_FORWARD_S, PP_BACKWARD_S, PP_BUBBLE, PP_BUBBLE_PREDICTED))}
+
+    def _gather(self, values: list[float], group: dist.ProcessGroup | None = None,
+                ) -> list[list[float]]:
+        """Every rank's `values` (of `group`, default all ranks), in rank order."""
+        mine = torch.tensor(values, dtype=torch.float64, device=self.runtime.device)
+        size = dist.get_world_size(group)
+        every = [torch.zeros_like(mine) for _ in range(size)]
+        dist.all_gather(every, mine, group=group)
+        return [row.tolist() for row in every]
 
     def export_model(self, build: Build) -> nn.Module:
         """The whole model with every stage's weights, in a fresh plain module."""

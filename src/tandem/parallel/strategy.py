@@ -62,6 +62,9 @@ class Strategy:
     # Every rank holds the same weights and gradients at every step (DDP): an optimizer
     # may split per-parameter work over the ranks and share the results.
     identical_replicas: ClassVar[bool] = False
+    # One forward/backward pass takes a whole step's micro-batches (a pipeline schedule
+    # runs them together): calibration measures a pass of the step's count, not of one.
+    whole_step_passes: ClassVar[bool] = False
 
     def __init__(self, plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> None:
         self.plan, self.runtime, self.layout, self.seed = plan, runtime, layout, seed
@@ -190,9 +193,10 @@ class Strategy:
         """|g_local|^2 the armed probe measured (None: not measured), and disarm."""
         return None
 
-    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
+    def window_figures(self, steps: int, micro_batches: int) -> dict[str, float | list[float]]:
         """What the plan sent (and waited for) over the window's `steps` optimizer steps
-        of `micro_batches` forward/backward passes in all; counters restart after."""
+        of `micro_batches` forward/backward passes in all; counters restart after. A value
+        is the job's, or a list of one per rank (the job's is then their mean)."""
         return {}
 
     def weights_replaced(self) -> None:

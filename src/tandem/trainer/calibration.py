@@ -105,8 +105,10 @@ class Calibration:
             with p.precision.autocast():
                 return forward_loss(task, model, batch)[1]
 
+        passes = accum if strategy.whole_step_passes else 1  # micro-batches in one pass
+
         def one_pass(sync: bool) -> None:
-            strategy.forward_backward([batch], loss_of, sync=sync)
+            strategy.forward_backward([batch] * passes, loss_of, sync=sync)
             p.optimizer.zero_grad(set_to_none=True)
 
         signature = step_signature(
@@ -115,7 +117,7 @@ class Calibration:
         try:
             with strategy.calibrating(one_pass):
                 figures = calibrate(one_pass, device=p.device,
-                                    world_size=p.batches.dp_size, accum=accum,
+                                    world_size=p.batches.dp_size, accum=accum // passes,
                                     grad_bytes=self.grad_bytes,
                                     precision=p.config.precision.mode,
                                     communicates=p.batches.dp_size > 1,

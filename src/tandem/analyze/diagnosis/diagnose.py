@@ -37,6 +37,9 @@ compute-bound          ``time/compute`` > COMPUTE_BOUND_SHARE (70%) of ``time/st
 balanced               ``time/step`` exists and no other performance finding fired
 timings-inconsistent   the measured phases add up to more than PHASE_SUM_LIMIT (110%)
                        of the step: no phase-based bottleneck is named
+pipeline-bubble        ``pp/bubble`` (the stages' mean idle share) > BUBBLE_SHARE
+                       (15%); remedies priced by replaying the schedule's action table
+                       at the stages' measured costs (`find_pipeline.py`)
 batch-scaling          ``grad_noise_scale`` was measured: what doubling the global
                        batch would save in steps (`find_scale.py`)
 task-stalls            a mixture's source whose ``task/NAME/loss`` fell by less than
@@ -69,6 +72,7 @@ from tandem.analyze.diagnosis.find_phases import (
     phase_sum,
     waiting_for_peers,
 )
+from tandem.analyze.diagnosis.find_pipeline import pipeline_bubble
 from tandem.analyze.diagnosis.find_ranks import (
     MEMORY_BOUND_SHARE,
     STRAGGLER_SCORE,
@@ -132,7 +136,7 @@ def _performance(ctx: Context) -> list[Finding]:
             "overlap); what is known: the step time and throughput")]
     found = [f for f in (input_bound(ctx), communication_bound(ctx), waiting_for_peers(ctx),
                          memory_bound(ctx.groups), straggler(ctx),
-                         data_imbalance(ctx.groups)) if f is not None]
+                         data_imbalance(ctx.groups), pipeline_bubble(ctx)) if f is not None]
     if not found and (compute := compute_bound(ctx)) is not None:
         found.append(compute)
     if not found and (calm := balanced(ctx)) is not None:

@@ -14,7 +14,7 @@ from tandem.monitor.catalogue import TIME_STEP
 SEVERITIES = ("high", "medium", "low", "info")
 PERFORMANCE_KINDS = frozenset({
     "input-bound", "communication-bound", "waiting-for-peers", "memory-bound", "straggler",
-    "data-imbalance", "compute-bound"})
+    "data-imbalance", "compute-bound", "pipeline-bubble"})
 
 # Control experiments: how a finding's claim is checked (tune/controls.py runs them).
 NO_COMM = "no_comm"  # the same job with no gradient communication (replicas never meet)
