@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tandem.analyze.diagnosis.diagnose import diagnose
+from tandem.tune import space
 
 PLAN = {"strategy": "pp", "pp": 2, "pp_schedule": "GPipe", "pp_virtual": 1,
         "accumulation": 2, "world_size": 2}
@@ -41,6 +42,11 @@ def test_more_micro_batches_are_priced_by_the_closed_form() -> None:
     assert finding.predicted_speedup == pytest.approx(3 / 2.5)
     assert finding.suggestions[0].startswith("plan.pp_microbatches 2 -> 4")
     assert not any("pp_split" in s for s in finding.suggestions)  # the stages are even
+    # The tuner tries what the finding priced, as candidates that keep the math.
+    candidates = space.pipeline_remedies(finding, "pipeline-bubble")
+    assert candidates[0].changes == {"plan.pp_microbatches": 4} and not candidates[0].lossy
+    assert candidates[0].predicted == pytest.approx(1.2)
+    assert space.families_of([finding]) == {"pipeline": finding}
 
 
 def test_a_slow_stage_is_named_with_the_gain_of_balancing_it() -> None:

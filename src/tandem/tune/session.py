@@ -274,6 +274,8 @@ class Tuner:
                 queue += space.memory_remedies(base, reason, m.world)
             elif family == "compute":
                 queue += space.compute_remedies(base, reason, m.on_gpu)
+            elif family == "pipeline":
+                queue += space.pipeline_remedies(finding, reason)
         return by_predicted_gain(queue)
 
     def _drain(self, queue: list[Candidate]) -> None:

@@ -82,7 +82,9 @@ def flatten(config: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 def accumulation(config: Mapping[str, Any], world: int) -> int | None:
     """Accumulation passes per step of a flat config on `world` processes (None: invalid)."""
-    dp = max(1, world // max(1, int(config.get("plan.tp", 1) or 1)))
+    model_parallel = max(1, int(config.get("plan.tp", 1) or 1)) * max(
+        1, int(config.get("plan.pp", 1) or 1))
+    dp = max(1, world // model_parallel)
     batch = int(config.get("train.global_batch", 0) or 0)
     micro = int(config.get("train.micro_batch", 0) or 0)
     if batch <= 0 or batch % dp:
@@ -156,6 +158,13 @@ def memory_remedies(base: Mapping[str, Any], reason: str, world: int) -> list[Ca
     return out
 
 
+def pipeline_remedies(finding: Any, reason: str) -> list[Candidate]:
+    """The plans the pipeline-bubble finding priced by replaying its schedule (more
+    micro-batches, an interleaved schedule): they keep the math, so no guardrail."""
+    return [Candidate(dict(r["changes"]), "pipeline", reason, predicted=r["predicted"])
+            for r in finding.evidence.get("remedies", ())]
+
+
 def compute_remedies(base: Mapping[str, Any], reason: str, on_gpu: bool) -> list[Candidate]:
     """Faster kernels for a compute-bound job; only on GPUs, where they apply."""
     if not on_gpu:
@@ -182,7 +191,8 @@ def control_of(finding: Any) -> str:
 def families_of(findings: Iterable[Any]) -> dict[str, Any]:
     """family -> the finding that names it, most severe first."""
     by_kind = {"input-bound": "data", "data-imbalance": "data", "communication-bound": "comm",
-               "memory-bound": "memory", "compute-bound": "compute"}
+               "memory-bound": "memory", "compute-bound": "compute",
+               "pipeline-bubble": "pipeline"}
     out: dict[str, Any] = {}
     for f in findings:
         family = by_kind.get(f.kind)

@@ -40,25 +40,28 @@ def pipeline_bubble(ctx: Context) -> Finding | None:
     evidence = {"bubble": measured, "predicted": steady_median(ctx.groups, PP_BUBBLE_PREDICTED),
                 "schedule": schedule, "stages": pp * virtual, "micro_batches": micro,
                 "busy_s": busy}
-    remedies: list[tuple[float, str]] = []
-    try:
-        doubled = bubble.action_order(schedule, pp, virtual, 2 * micro)
-        later, _ = bubble.replay(doubled, bubble.per_action_costs(doubled, costs))
-        remedies.append((now / later, f"plan.pp_microbatches {micro} -> {2 * micro}: "
-                         f"the same batch in smaller micro-batches fills the bubble "
-                         f"(predicted {now / later:.2f}x)"))
-    except ValueError:
-        pass
+    remedies: list[tuple[float, str, dict[str, object]]] = []
+    for changes, what in _alternatives(schedule, pp, virtual, micro):
+        try:
+            alt = bubble.action_order(changes.get("plan.pp_schedule", schedule), pp,
+                                      changes.get("plan.pp_virtual", virtual),
+                                      changes.get("plan.pp_microbatches", micro))
+        except ValueError:
+            continue
+        later, _ = bubble.replay(alt, bubble.per_action_costs(alt, costs))
+        remedies.append((now / later, f"{what} (predicted {now / later:.2f}x)", changes))
     slowest = max(range(pp), key=lambda r: busy[r])  # a pipeline rank
     mean_busy = statistics.fmean(busy)
     if mean_busy > 0 and busy[slowest] / mean_busy > UNBALANCED:
         even = [{k: statistics.fmean(c[k] for c in costs) for k in "FBW"}] * pp
         balanced, _ = bubble.replay(order, bubble.per_action_costs(order, even))
         evidence["slowest_stage_rank"] = slowest
-        remedies.append((now / balanced, f"plan.pp_split: move work off pipeline rank {slowest}'s "
-                         f"stage ({busy[slowest] / mean_busy:.2f}x the mean busy time; "
-                         f"balanced stages predict {now / balanced:.2f}x)"))
-    remedies = sorted((r for r in remedies if r[0] >= MIN_GAIN), reverse=True)
+        remedies.append((now / balanced, f"plan.pp_split: move work off pipeline rank "
+                         f"{slowest}'s stage ({busy[slowest] / mean_busy:.2f}x the mean busy "
+                         f"time; balanced stages predict {now / balanced:.2f}x)", {}))
+    remedies = sorted((r for r in remedies if r[0] >= MIN_GAIN), key=lambda r: -r[0])
+    # What the tuner can try as it is (a split needs the blocks' costs, which it has not).
+    evidence["remedies"] = [{"changes": c, "predicted": g} for g, _, c in remedies if c]
     gain = remedies[0][0] if remedies else None
     return Finding(
         "pipeline-bubble", severity(measured, BUBBLE_SHARE), evidence,
@@ -66,7 +69,22 @@ def pipeline_bubble(ctx: Context) -> Finding | None:
         f"{pp * virtual} stages, {micro} micro-batches)"
         + (f"; the schedule's action table predicts {gain:.2f}x from the best remedy"
            if gain else "; no remedy the schedule's action table can price gains 5%"),
-        [text for _, text in remedies], predicted_speedup=gain)
+        [text for _, text, _ in remedies], predicted_speedup=gain)
+
+
+def _alternatives(schedule: str, pp: int, virtual: int,
+                  micro: int) -> list[tuple[dict[str, object], str]]:
+    """Plans that keep the math: the same batch in twice the micro-batches; two stages
+    per rank in an interleaved schedule."""
+    out: list[tuple[dict[str, object], str]] = [(
+        {"plan.pp_microbatches": 2 * micro},
+        f"plan.pp_microbatches {micro} -> {2 * micro}: the same batch in smaller "
+        "micro-batches fills the bubble")]
+    if virtual == 1 and micro % pp == 0:
+        out.append(({"plan.pp_schedule": "Interleaved1F1B", "plan.pp_virtual": 2},
+                    f"plan.pp_schedule Interleaved1F1B with plan.pp_virtual 2: two smaller "
+                    f"stages per rank shorten the fill and drain ({schedule} now)"))
+    return out
 
 
 def _costs(groups: Mapping[str, Sequence[Metric]], pp: int) -> list[dict[str, float]] | None:
