@@ -1,12 +1,14 @@
 """Time-to-accuracy over a slow link: two nodes in network namespaces joined by a shaped veth.
 
-    sudo .venv/bin/python benchmarks/netlimit.py [--rate 100mbit] [--steps 300]
-        [--target 0.95] [--hidden 1024] [--plans ddp fp16 powersgd localsgd diloco]
+    sudo .venv/bin/python benchmarks/netlimit.py [--rate 100mbit] [--delay 20ms]
+        [--steps 300] [--target 0.95] [--hidden 1024] [--baseline ddp]
+        [--plans ddp fp16 powersgd localsgd diloco streaming nocomm]
 
 Needs root (it creates network namespaces). Two namespaces, each one "node" with one
 tandem process, are joined by a veth pair whose two ends are shaped with tc (a token
 bucket, `tbf rate RATE burst BURST latency 50ms`, on both ends: each direction is
-limited). The nodes talk over 10.77.0.1/24 - 10.77.0.2/24 only (GLOO_SOCKET_IFNAME is
+limited); `--delay` puts a netem delay in front of each end's tbf (each direction
+waits that long). The nodes talk over 10.77.0.1/24 - 10.77.0.2/24 only (GLOO_SOCKET_IFNAME is
 the veth end, `lo` is up in each namespace), so every collective crosses the link:
 
     ns A: tandem run --nnodes 2 --nproc-per-node 1 --node-rank 0 --rdzv-backend static \\
@@ -26,7 +28,13 @@ run time at which the test accuracy first reaches `--target` (tandem's
 times extra all-reduces, which over a slow link would charge DDP for a measurement
 (DDP's `comm/bytes_per_step` comes from the gradient sizes, without calibration).
 PowerSGD runs at rank 16 by default, the rank at which it kept fp32's accuracy on
-this model in `benchmarks/comm.py`.
+this model in `benchmarks/comm.py`. `streaming` is streaming DiLoCo (`--fragments`,
+`--overlap-steps`, `--outer-dtype`; the same H as localsgd/diloco); `nocomm` is the
+no-communication control: local SGD whose replicas meet only once, after the last step
+(its throughput is the ceiling a low-communication plan can reach; its accuracy is one
+replica trained on half the data, not a contender's). Ratios in the table are against
+`--baseline` (ddp by default) for the time to target and against nocomm, when it ran,
+for the throughput.
 
 The limit is checked, not assumed: before the runs a TCP transfer of a known size
 crosses the link in each direction, and for every run the bytes the two qdiscs sent
@@ -41,6 +49,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +73,7 @@ from _bench import (  # noqa: E402
 )
 
 ADDRESSES = ("10.77.0.1", "10.77.0.2")
+NAN = float("nan")
 RDZV_PORT = 29400
 PROBE_PORT = 29450
 
@@ -73,6 +83,8 @@ PLANS: dict[str, dict[str, str]] = {
     "powersgd": {"plan.strategy": "ddp", "plan.comm_hook": "powersgd"},
     "localsgd": {"plan.strategy": "localsgd"},
     "diloco": {"plan.strategy": "diloco"},
+    "streaming": {"plan.strategy": "streaming_diloco"},
+    "nocomm": {"plan.strategy": "localsgd"},
 }
 
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bps": 8, "kbps": 8e3,
@@ -99,11 +111,11 @@ def sh(cmd: Sequence[str], timeout: float = 30.0) -> str:
 class Link:
     """Two network namespaces joined by a veth pair, each end shaped with tc."""
 
-    def __init__(self, rate: str, burst: str, latency: str) -> None:
+    def __init__(self, rate: str, burst: str, latency: str, delay: str = "") -> None:
         tag = f"{os.getpid() % 100000}"
         self.ns = (f"tandem-a{tag}", f"tandem-b{tag}")
         self.dev = (f"tdm{tag}a", f"tdm{tag}b")  # interface names: 15 characters at most
-        self.rate, self.burst, self.latency = rate, burst, latency
+        self.rate, self.burst, self.latency, self.delay = rate, burst, latency, delay
         self.created: list[str] = []
 
     def up(self) -> None:
@@ -117,8 +129,17 @@ class Link:
             sh(["ip", "-n", ns, "addr", "add", f"{address}/24", "dev", dev])
             sh(["ip", "-n", ns, "link", "set", dev, "up"])
             sh(["ip", "-n", ns, "link", "set", "lo", "up"])
-            sh(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                "rate", self.rate, "burst", self.burst, "latency", self.latency])
+            tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev]
+            parent = ["root"]
+            if self.delay:
+                try:
+                    sh([*tc, "root", "handle", "1:", "netem", "delay", self.delay])
+                except RuntimeError as err:
+                    raise RuntimeError(f"--delay needs tc's netem qdisc (sch_netem), which "
+                                       f"this kernel lacks: {err}") from None
+                parent = ["parent", "1:", "handle", "2:"]
+            sh([*tc, *parent, "tbf", "rate", self.rate, "burst", self.burst,
+                "latency", self.latency])
 
     def down(self) -> None:
         """Remove the namespaces (which removes the veth pair with them)."""
@@ -254,6 +275,9 @@ def run_plan(link: Link, name: str, plan: dict[str, str], args: argparse.Namespa
             sum(sent) / len(sent) if sent else float("nan")),
         "wire_bytes": wire / args.steps,
         "launch_s": launch_s,
+        "peak_sync": max(window_values(store, name, "comm/peak_bytes_per_sync"),
+                         default=float("nan")),
+        "overlap": statistics.fmean(window_values(store, name, "comm/overlap") or [NAN]),
     }
 
 
@@ -292,8 +316,16 @@ def main() -> int:
     parser.add_argument("--rate", default="100mbit", help="tc rate of each direction")
     parser.add_argument("--burst", default="32kbit", help="tc tbf burst")
     parser.add_argument("--latency", default="50ms", help="tc tbf latency (queue bound)")
+    parser.add_argument("--delay", default="", help="netem delay of each direction, e.g. "
+                        "20ms (default: none)")
     parser.add_argument("--plans", nargs="+", default=list(PLANS), choices=list(PLANS))
-    parser.add_argument("--sync-every", type=int, default=8, help="localsgd/diloco H")
+    parser.add_argument("--baseline", default="ddp", choices=list(PLANS),
+                        help="the plan the times to target are compared with")
+    parser.add_argument("--sync-every", type=int, default=8,
+                        help="localsgd/diloco/streaming H")
+    parser.add_argument("--fragments", type=int, default=4, help="streaming: P")
+    parser.add_argument("--overlap-steps", type=int, default=1, help="streaming: tau")
+    parser.add_argument("--outer-dtype", default="fp32", help="streaming: outer gradients")
     parser.add_argument("--powersgd-rank", type=int, default=16,
                         help="16: rank 2 (tandem's default) ends ~3 points below fp32 on this "
                              "model (benchmarks/comm.py)")
@@ -319,12 +351,16 @@ def main() -> int:
     if missing:
         print(f"netlimit.py needs {' and '.join(missing)} (iproute2)", file=sys.stderr)
         return 2
-    PLANS["localsgd"]["plan.sync_every"] = PLANS["diloco"]["plan.sync_every"] = str(
-        args.sync_every)
+    for plan in ("localsgd", "diloco", "streaming"):
+        PLANS[plan]["plan.sync_every"] = str(args.sync_every)
+    PLANS["streaming"].update({"plan.fragments": str(args.fragments),
+                               "plan.overlap_steps": str(args.overlap_steps),
+                               "plan.outer_dtype": args.outer_dtype})
+    PLANS["nocomm"]["plan.sync_every"] = str(args.steps + 1)
     PLANS["powersgd"].update({"plan.powersgd_rank": str(args.powersgd_rank),
                               "plan.powersgd_warmup": str(args.powersgd_warmup)})
-    names = ["ddp", *(p for p in args.plans if p != "ddp")]
-    link = Link(args.rate, args.burst, args.latency)
+    names = [args.baseline, *(p for p in args.plans if p != args.baseline)]
+    link = Link(args.rate, args.burst, args.latency, args.delay)
     results: dict[tuple[str, int], dict[str, float]] = {}
     began = time.perf_counter()
     with interrupts_raise(), tempfile.TemporaryDirectory(prefix="tandem-netlimit-") as tmp:
@@ -335,6 +371,7 @@ def main() -> int:
             size = int(args.probe_mb * 1e6) or int(bits / 8 * 2)
             measured = [probe(link, side, size, timeout=120) for side in (0, 1)]
             print(f"link: tbf rate {args.rate} burst {args.burst} latency {args.latency} "
+                  f"{'netem delay ' + args.delay + ' ' if args.delay else ''}"
                   f"on {link.dev[0]} / {link.dev[1]}; TCP {size / 1e6:.1f} MB A->B "
                   f"{measured[0] / 1e6:.1f} Mbit/s, B->A {measured[1] / 1e6:.1f} Mbit/s "
                   f"(limit {bits / 1e6:.1f})", flush=True)
@@ -346,7 +383,8 @@ def main() -> int:
                     print(f"{plan:9s} seed {i}: target at {got['to_target_s']:.1f} s "
                           f"(step {got['target_step']:.0f}), accuracy {got['accuracy']:.4f}, "
                           f"{got['step_s'] * 1e3:.0f} ms/step, wire {mib(got['wire_bytes'])} "
-                          f"MiB/step/node, tandem {mib(got['tandem_bytes'])}; run "
+                          f"MiB/step/node, tandem {mib(got['tandem_bytes'])}, peak sync "
+                          f"{mib(got['peak_sync'])} MiB, overlap {got['overlap']:.2f}; run "
                           f"{got['wall_s']:.1f} s, launch to exit {got['launch_s']:.1f} s",
                           flush=True)
         finally:
@@ -354,33 +392,41 @@ def main() -> int:
     print(f"\n{args.rate} link (measured {min(measured) / 1e6:.1f} Mbit/s), MNIST-1D wide "
           f"(hidden {args.hidden}), {args.steps} steps, target accuracy {args.target}, "
           f"{args.repeats} repeat(s); total {time.perf_counter() - began:.0f} s\n")
-    print(report(names, results, args.repeats))
+    print(report(names, results, args.repeats, args.baseline))
     return 0
 
 
 def report(names: list[str], results: dict[tuple[str, int], dict[str, float]],
-           repeats: int) -> str:
-    """Medians over repeats; speed-up of the time to target against plain DDP."""
+           repeats: int, baseline: str) -> str:
+    """Medians over repeats; the time to target against `baseline`, the throughput
+    against the no-communication control (when it ran)."""
 
     def med(plan: str, key: str) -> float:
         values = sorted(results[(plan, i)][key] for i in range(repeats))
         return values[len(values) // 2]
 
-    base = med("ddp", "to_target_s")
+    def shown(value: float, text: str) -> str:
+        return "-" if value != value else text
+
+    base = med(baseline, "to_target_s")
+    ceiling = med("nocomm", "step_s") if "nocomm" in names else NAN
     rows = []
     for plan in names:
-        reach = med(plan, "to_target_s")
+        reach, step = med(plan, "to_target_s"), med(plan, "step_s")
         rows.append([
-            plan, "-" if reach != reach else f"{reach:.1f}",
-            "-" if reach != reach else f"{med(plan, 'target_step'):.0f}",
-            "-" if reach != reach or base != base else f"{base / reach:.2f}",
-            f"{med(plan, 'accuracy') * 100:.2f}", f"{med(plan, 'step_s') * 1e3:.0f}",
+            plan, shown(reach, f"{reach:.1f}"),
+            shown(reach, f"{med(plan, 'target_step'):.0f}"),
+            shown(base / reach, f"{base / reach:.2f}"),
+            f"{med(plan, 'accuracy') * 100:.2f}", f"{step * 1e3:.0f}",
+            shown(ceiling / step, f"{ceiling / step:.2f}"),
             mib(med(plan, "wire_bytes")),
-            "-" if med(plan, "tandem_bytes") != med(plan, "tandem_bytes") else mib(
-                med(plan, "tandem_bytes")),
+            shown(med(plan, "tandem_bytes"), mib(med(plan, "tandem_bytes"))),
+            shown(med(plan, "peak_sync"), mib(med(plan, "peak_sync"))),
+            shown(med(plan, "overlap"), f"{med(plan, 'overlap'):.2f}"),
             f"{med(plan, 'wall_s'):.1f}"])
-    return table(["plan", "to target s", "at step", "x sooner than ddp", "final acc %",
-                  "step ms", "wire MiB/step/node", "tandem MiB/step", "run s"], rows)
+    return table(["plan", "to target s", "at step", f"x sooner than {baseline}",
+                  "final acc %", "step ms", "throughput / nocomm", "wire MiB/step/node",
+                  "tandem MiB/step", "peak MiB/sync", "overlap", "run s"], rows)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "plan.sync_every": (1, "an integer >= 1"),
     "plan.outer_lr": (1e-9, "a number > 0"),
     "plan.outer_momentum": (0, "a number in [0, 1)"),
+    "plan.fragments": (1, "an integer >= 1"),
+    "plan.overlap_steps": (0, "an integer >= 0"),
+    "plan.merge_alpha": (0, "a number in [0, 1)"),
     "plan.powersgd_rank": (1, "an integer >= 1"),
     "plan.powersgd_warmup": (2, "an integer >= 2"),
     "precision.init_scale": (1, "a number >= 1"),
@@ -259,8 +262,19 @@ def _check_low_communication(config: Config) -> None:
     plan = config.plan
     if plan.outer_momentum >= 1:
         raise ValueError(f"plan.outer_momentum: {plan.outer_momentum} must be < 1")
+    if plan.strategy == strategies.STREAMING_DILOCO.name:
+        if plan.merge_alpha >= 1:
+            raise ValueError(f"plan.merge_alpha: {plan.merge_alpha} must be < 1 (1 would "
+                             "never take the outer values)")
+        if plan.overlap_steps >= plan.sync_every:
+            raise ValueError(f"plan.overlap_steps: {plan.overlap_steps} must be < "
+                             f"plan.sync_every ({plan.sync_every}): a part's sum is merged "
+                             "before the part meets again")
+        if plan.fragments > plan.sync_every:
+            raise ValueError(f"plan.fragments: {plan.fragments} must be <= plan.sync_every "
+                             f"({plan.sync_every}): each part meets at a step of its own")
     every = config.checkpoint.every
-    if every and every % plan.sync_every:
+    if every and every % plan.sync_every and not strategies.REGISTRY[plan.strategy].saves_replicas:
         raise ValueError(
             f"checkpoint.every: {every} must be a multiple of plan.sync_every "
             f"({plan.sync_every}) with plan.strategy {plan.strategy!r}: between meetings the "

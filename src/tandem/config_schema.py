@@ -139,6 +139,23 @@ class PlanConfig:
     sync_every: int = _doc(8, "localsgd/diloco: optimizer steps between meetings (H)")
     outer_lr: float = _doc(0.7, "diloco: learning rate of the outer Nesterov step")
     outer_momentum: float = _doc(0.9, "diloco: momentum of the outer Nesterov step")
+    fragments: int = _doc(
+        4, "streaming_diloco: contiguous parts of the model (P), balanced by size, each "
+        "meeting every sync_every steps at its own staggered step"
+    )
+    overlap_steps: int = _doc(
+        1, "streaming_diloco: inner steps a part's outer sum runs in the background before "
+        "it is merged (tau, < sync_every; 0: blocking, as diloco)"
+    )
+    merge_alpha: float = _doc(
+        0.5, "streaming_diloco, overlap_steps > 0: a merged part keeps this share of its "
+        "replica's values (the progress of the overlapped steps), the rest the outer values "
+        "(0: replace)"
+    )
+    outer_dtype: Literal["fp32", "fp16", "bf16", "int8"] = _doc(
+        "fp32", "streaming_diloco: format of the outer gradients on the wire (int8: one scale "
+        "per tensor, all-gathered and summed after dequantising)"
+    )
     bucket_mb: float = _doc(25.0, "DDP gradient bucket size in MiB")
     static_graph: bool = _doc(False, "DDP static_graph (the same parameters are used every step)")
     find_unused: bool = _doc(False, "DDP find_unused_parameters (some parameters get no gradient)")

@@ -21,8 +21,8 @@ from tandem.checkpoint.errors import CheckpointError
 from tandem.checkpoint.load import latest, load, read_meta, set_aside
 from tandem.checkpoint.manager import CheckpointManager, Stateful
 from tandem.checkpoint.save import save
-from tandem.checkpoint.state import ModelWeights, OptimizerState, capture, restore
+from tandem.checkpoint.state import ModelWeights, OptimizerState, PerRank, capture, restore
 
-__all__ = ["CheckpointError", "CheckpointManager", "ModelWeights", "OptimizerState",
+__all__ = ["CheckpointError", "CheckpointManager", "ModelWeights", "OptimizerState", "PerRank",
            "Stateful", "capture", "latest", "load", "read_meta", "restore", "save",
            "set_aside"]

@@ -143,6 +143,16 @@ COMM_BYTES_PER_STEP = _metric("comm/bytes_per_step", "bytes",
                               "bytes each rank sends per step (ring-counted)")
 COMM_BUCKETS_PER_STEP = _metric("comm/buckets_per_step", "",
                                 "collectives launched per step")
+COMM_BYTES_PER_SYNC = _metric("comm/bytes_per_sync", "bytes",
+                              "local SGD / DiLoCo: bytes each rank sends per meeting (streaming "
+                              "DiLoCo: per fragment's meeting), window mean")
+COMM_PEAK_BYTES_PER_SYNC = _metric("comm/peak_bytes_per_sync", "bytes",
+                                   "local SGD / DiLoCo: bytes of the window's largest meeting")
+COMM_OVERLAP = _metric("comm/overlap", "fraction",
+                       "streaming DiLoCo: share of the outer sums' time spent behind inner "
+                       "steps (the rest was waited for at the merge)")
+COMM_MERGE_WAIT = _metric("comm/merge_wait_s", "s",
+                          "streaming DiLoCo: per step, waiting at merges for outer sums")
 COMM_LATENCY = _metric("comm/latency_s", "s", "measured latency of a small all-reduce")
 COMM_ALLREDUCE_RATE = _metric("comm/allreduce_bytes_per_s", "bytes/s",
                               "measured all-reduce buffer bytes per second (median)")

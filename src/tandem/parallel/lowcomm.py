@@ -21,7 +21,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tandem.monitor.catalogue import COMM_BYTES_PER_STEP
+from tandem.monitor.catalogue import (
+    COMM_BYTES_PER_STEP,
+    COMM_BYTES_PER_SYNC,
+    COMM_PEAK_BYTES_PER_SYNC,
+)
 from tandem.parallel.registry import DILOCO, LOCALSGD, StrategyInfo, either, names
 from tandem.parallel.strategy import Strategy
 
@@ -53,7 +57,7 @@ class LowCommSync:
         self.tensors = [p for p in model.parameters()] + [b for b in model.buffers()
                                                           if b.is_floating_point()]
         self.world = dist.get_world_size() if dist.is_initialized() else 1
-        self.bytes_sent = 0
+        self.bytes_sent, self.syncs, self.peak = 0, 0, 0
         self._broadcast_start()
         self.outer = _flat(self.tensors)  # DiLoCo's shared parameters
         self.velocity = torch.zeros_like(self.outer)
@@ -71,13 +75,21 @@ class LowCommSync:
             dist.all_reduce(flat)
             flat /= self.world
             # A ring all-reduce sends 2 (N-1)/N of the buffer from every rank.
-            self.bytes_sent += int(2 * (self.world - 1) / self.world * flat.numel() * 4)
+            sent = int(2 * (self.world - 1) / self.world * flat.numel() * 4)
+            self.bytes_sent += sent
+            self.syncs += 1
+            self.peak = max(self.peak, sent)
         return flat
 
-    def take_bytes(self) -> int:
-        """Bytes this rank sent since the last call."""
-        sent, self.bytes_sent = self.bytes_sent, 0
-        return sent
+    def take_figures(self, steps: int) -> dict[str, float]:
+        """Bytes this rank sent per step, per meeting and in the largest meeting since the
+        last call."""
+        figures = {COMM_BYTES_PER_STEP: self.bytes_sent / steps}
+        if self.syncs:
+            figures |= {COMM_BYTES_PER_SYNC: self.bytes_sent / self.syncs,
+                        COMM_PEAK_BYTES_PER_SYNC: float(self.peak)}
+        self.bytes_sent, self.syncs, self.peak = 0, 0, 0
+        return figures
 
     def after_step(self, step: int, force: bool = False) -> bool:
         """Meet when `step` (steps done so far) is a multiple of H, or when forced."""
@@ -124,11 +136,10 @@ class LowCommStrategy(Strategy):
         self.meetings.after_step(step, force=last)
 
     def window_figures(self, steps: int, micro_batches: int) -> dict[str, float]:
-        """Bytes per step (the meetings' time is the trainer's `comm` phase)."""
+        """Bytes per step and per meeting (the meetings' time is the trainer's `comm`
+        phase)."""
         assert self.meetings is not None, "wrap() first"
-        if not steps:
-            return {}
-        return {COMM_BYTES_PER_STEP: self.meetings.take_bytes() / steps}
+        return self.meetings.take_figures(steps) if steps else {}
 
     def state_dict(self) -> dict[str, Any]:
         """DiLoCo's outer parameters and momentum (kept for local SGD too: one format)."""

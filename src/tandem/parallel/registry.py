@@ -43,6 +43,8 @@ class StrategyInfo:
     """Replicas train alone and meet every `plan.sync_every` steps."""
     needs_world: bool = False
     """Has nothing to do on one process: runs as `single` there."""
+    saves_replicas: bool = False
+    """Checkpoints hold every replica's own weights: one may fall between meetings."""
 
     def load(self) -> type[Strategy]:
         """The strategy class (imported now)."""
@@ -73,6 +75,11 @@ DILOCO = StrategyInfo(
     name="diloco", path="tandem.parallel.lowcomm:DiLoCoStrategy",
     summary="outer Nesterov step on the averaged change every sync_every steps",
     meets_every=True, needs_world=True)
+STREAMING_DILOCO = StrategyInfo(
+    name="streaming_diloco", path="tandem.parallel.streaming:StreamingDiLoCoStrategy",
+    summary="diloco in plan.fragments parts meeting at staggered steps, each part's sum "
+    "overlapped with plan.overlap_steps inner steps", meets_every=True, needs_world=True,
+    saves_replicas=True)
 TP = StrategyInfo(
     name="tp", path="tandem.parallel.tensor:TensorParallelStrategy",
     summary="data x tensor parallel, chosen by plan.tp > 1", choosable=False,
@@ -83,7 +90,7 @@ PP = StrategyInfo(
     choosable=False, exact=True)
 
 REGISTRY: dict[str, StrategyInfo] = {
-    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, TP, PP)}
+    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, STREAMING_DILOCO, TP, PP)}
 # The values `plan.strategy` accepts, in the order the reference lists them.
 CHOICES: tuple[str, ...] = tuple(s.name for s in REGISTRY.values() if s.choosable)
 

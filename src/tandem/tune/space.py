@@ -140,8 +140,11 @@ def comm_remedies(base: Mapping[str, Any], reason: str, world: int,
         out += [Candidate({"plan.comm_hook": "fp16"}, "comm", reason, predicted=predicted),
                 Candidate({"plan.comm_hook": "powersgd"}, "comm", reason,
                           predicted=predicted)]
-    out.append(Candidate({"plan.strategy": strategies.LOCALSGD.name, "plan.comm_hook": "none"},
-                         "comm", reason, predicted=predicted))
+    # Meeting every sync_every steps; streaming DiLoCo also hides the meetings behind
+    # inner steps (the time-to-target rule decides whether either pays).
+    out += [Candidate({"plan.strategy": name, "plan.comm_hook": "none"}, "comm", reason,
+                      predicted=predicted)
+            for name in (strategies.LOCALSGD.name, strategies.STREAMING_DILOCO.name)]
     if not base.get("plan.static_graph") and accumulation(base, world) == 1:
         out.append(Candidate({"plan.static_graph": True}, "comm", reason))
     return out

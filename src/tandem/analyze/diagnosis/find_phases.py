@@ -75,7 +75,8 @@ def communication_bound(ctx: Context) -> Finding | None:
     head = (f"exposed communication is {comm.quote()}; without it the step would be "
             f"{gain:.2f}x faster")
     meet_less = ("plan.strategy localsgd or diloco: meet every plan.sync_every steps "
-                 "instead of every step (check convergence)")
+                 "instead of every step, or streaming_diloco: meet in parts, each hidden "
+                 "behind inner steps (check convergence)")
     if wire is not None and beyond_wire(comm.phase_s, wire):
         evidence["beyond_wire_s"] = comm.phase_s - wire
         where = "the GPU's streams" if ctx.on_gpu else "the CPU cores"

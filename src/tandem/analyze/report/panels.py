@@ -23,6 +23,8 @@ from tandem.monitor.catalogue import (
     MEM_CUDA_PEAK,
     MEM_CUDA_TOTAL,
     MEM_RSS,
+    PP_BUBBLE,
+    PP_BUBBLE_PREDICTED,
     SAMPLES_PER_S,
     TASK_EVAL_LOSS,
     TASK_LOSS,
@@ -180,6 +182,24 @@ def memory_panel(groups: Groups) -> str:
             lines.append(svg.Line(label, steps, values, dashed=dashed))
     return line_panel("Memory", "data-memory", lines, unit="bytes", y_fmt=text.nbytes,
                       note="largest over ranks in each window")
+
+
+def pipeline_panel(groups: Groups) -> str:
+    """Each pipeline rank's idle share per window, measured and as the schedule's action
+    table predicts it from the stages' measured costs (dashed)."""
+    measured = figures.per_rank(groups.get(PP_BUBBLE, ()))
+    predicted = figures.per_rank(groups.get(PP_BUBBLE_PREDICTED, ()))
+    lines = []
+    for rank in sorted(measured):
+        for by_step, label, dashed in ((measured, "measured", False),
+                                       (predicted, "predicted", True)):
+            steps = sorted(by_step.get(rank, {}))
+            if steps:
+                lines.append(svg.Line(f"rank {rank} {label}", steps,
+                                      [by_step[rank][s] for s in steps], dashed=dashed))
+    return line_panel("Pipeline bubble", "data-pipeline", lines, unit="fraction",
+                      note="share of each step a rank's stages were idle; dashed: the "
+                           "schedule's prediction at the measured stage costs")
 
 
 def ranks_panel(groups: Groups) -> str:

@@ -207,7 +207,8 @@ def render_html(store: RunStore, run_id: str) -> str:
     head = figures.headline(run, metrics)
     charts = [panels.loss_panel(groups, events), panels.eval_panel(groups),
               *panels.task_panels(groups), *panels.throughput_panels(groups),
-              panels.phases_panel(groups), panels.ranks_panel(groups), panels.memory_panel(groups),
+              panels.phases_panel(groups), panels.ranks_panel(groups),
+              panels.pipeline_panel(groups), panels.memory_panel(groups),
               *panels.optimizer_panels(groups)]
     charts = [c for c in charts if c]
     summary = run.get("summary") or {}
