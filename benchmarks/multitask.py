@@ -2,7 +2,7 @@
 multi-task example (`examples/mnist1d_multitask.py`) at the same number of steps.
 
 For each seed, the arms run interleaved (their order rotates with the seed) on 2
-processes: the two sources mixed by size (1:1), mixed with `--weights digit=1,parity=3`,
+processes: the two sources mixed by size (1:1), mixed with `--data.mix digit=1,parity=3`,
 and each source alone (`--only`). Prints every run's per-task test accuracy and loss,
 then the median over seeds per arm; mixed arms give each task about half (or a quarter)
 of the samples an arm alone gives it.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench import QUIET, ROOT, child_env, run_checked, summary, table, tandem_command  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "mnist1d_multitask.py"
-ARMS = {"mixed 1:1": [], "mixed 1:3": ["--weights", "digit=1,parity=3"],
+ARMS = {"mixed 1:1": [], "mixed 1:3": ["--data.mix", "digit=1,parity=3"],
         "digit alone": ["--only", "digit"], "parity alone": ["--only", "parity"]}
 TASKS = ("digit", "parity")
 

@@ -8,8 +8,8 @@ demo's CNN without its classifier (`mnist1d_model.make_model`); each source has 
 own linear head and its own accuracy (`task/digit/accuracy`, `task/parity/accuracy`).
 
     tandem run --nproc-per-node 2 examples/mnist1d_multitask.py
-    tandem run --nproc-per-node 2 examples/mnist1d_multitask.py --weights digit=1,parity=3
-    tandem run --nproc-per-node 2 examples/mnist1d_multitask.py --temperature 2
+    tandem run --nproc-per-node 2 examples/mnist1d_multitask.py --data.mix digit=1,parity=3
+    tandem run --nproc-per-node 2 examples/mnist1d_multitask.py --data.mix temperature=2
     python examples/mnist1d_multitask.py --only parity          # one source alone
 """
 
@@ -83,29 +83,17 @@ RECIPE = {
 }
 
 
-def mixture(only: str | None, weights: str | None, temperature: float | None
-            ) -> tandem.Mixture:
-    """Both sources (by size, by `weights` 'digit=1,parity=3' or a temperature), or one."""
-    mix = tandem.Mixture(list(SOURCES.values()))
-    if only:
-        return tandem.Mixture([mix.source(only)])
-    if weights:
-        pairs = [item.split("=", 1) for item in weights.split(",")]
-        if any(len(p) != 2 for p in pairs):
-            raise SystemExit(f"--weights {weights!r}: give NAME=WEIGHT pairs, e.g. "
-                             "digit=1,parity=3")
-        return mix.reweighted({name: float(w) for name, w in pairs})
-    return mix.reweighted(temperature=temperature) if temperature else mix
+def mixture(only: str | None) -> tandem.Mixture:
+    """Both sources (shares by size; `--data.mix` sets others), or one alone."""
+    return tandem.Mixture([SOURCES[only]] if only else list(SOURCES.values()))
 
 
 def main() -> None:
     """Train the mixture the flags choose; the rest of the flags are tandem's."""
     choice = argparse.ArgumentParser(add_help=False)
     choice.add_argument("--only", choices=sorted(SOURCES), default=None)
-    choice.add_argument("--weights", default=None)
-    choice.add_argument("--temperature", type=float, default=None)
     known, rest = choice.parse_known_args()
-    mix = mixture(known.only, known.weights, known.temperature)
+    mix = mixture(known.only)
     task = tandem.Task(model=TwoHeads, optimizer=make_muon, train_data=mix.train,
                        eval_data=mix.eval, loss=mix.loss)
     tandem.fit(task, argv=rest, defaults=RECIPE)

@@ -18,7 +18,10 @@ from tandem.analyze.diagnosis.diagnose import diagnose
 from tandem.analyze.report.run_report import write_html
 from tandem.data.mixture import MixedBatch
 from tandem.data.sampler import Cursor, GlobalBatchSampler
+from tandem.config import validate
 from tandem.monitor.store import RunStore
+from tandem.trainer.data import build_data
+from tandem.trainer.resume_rules import guarded_changes
 from tests.dist import mix_task
 
 SIZES = [300, 5000, 1200]
@@ -225,3 +228,40 @@ def test_the_diagnosis_names_a_task_whose_loss_stalls_or_rises_while_others_fall
                 if f.kind == "task-stalls"]
     assert not [f for f in diagnose(_task_rows({"a": falling[:5], "b": flat[:5]}))
                 if f.kind == "task-stalls"]
+
+
+def test_data_mix_sets_the_shares_from_the_config_and_a_resume_guards_it(
+        tmp_path: Path) -> None:
+    cfg = mix_task.config(str(tmp_path), 10, 20, data={"mix": "cls=1,reg=1"})
+    data = build_data(mix_task.task(), validate(cfg), 1)
+    codes = data.order(5, 0).tolist()
+    counts = [sum(1 for c in codes if c < 90), sum(1 for c in codes if c >= 90)]
+    assert counts == [70, 70]  # half of the 140 positions each, not the script's 1:3
+    cfg.data.mix = "temperature=1"  # by size: 90 and 50
+    codes = build_data(mix_task.task(), validate(cfg), 1).order(5, 0).tolist()
+    assert sum(1 for c in codes if c < 90) == 90
+    cfg.data.mix = "cls=1,rgr=1"
+    with pytest.raises(ValueError, match=r"data.mix: .*no source is called 'rgr'; the "
+                                         r"sources are \['cls', 'reg'\]"):
+        build_data(mix_task.task(), cfg, 1)
+    plain = tandem.Task(model=mix_task.TwoHeads, optimizer=mix_task.make_optimizer,
+                        train_data=lambda: Ids(40), loss=lambda o, b: o.sum())
+    with pytest.raises(ValueError, match="data.mix: 'cls=1,rgr=1' sets the shares of a "
+                                         "tandem.Mixture; this task's train_data is a Ids"):
+        build_data(plain, cfg, 1)
+    assert guarded_changes({"data": {"mix": ""}}, {"data": {"mix": "cls=1,reg=1"}}) == [
+        ("data.mix", "", "cls=1,reg=1")]
+
+
+@pytest.mark.parametrize(("mix", "message"), [
+    ("cls=0", r"'cls=0' is not NAME=NUMBER with a finite number > 0"),
+    ("cls=-1,reg=1", r"'cls=-1' is not NAME=NUMBER"),
+    ("cls", r"'cls' is not NAME=NUMBER"),
+    ("cls=1,cls=2", r"'cls' is given twice"),
+    ("temperature=0", r"'temperature=0' is not NAME=NUMBER with a finite number > 0"),
+])
+def test_bad_data_mix_values_are_refused(mix: str, message: str) -> None:
+    cfg = tandem.Config()
+    cfg.data.mix = mix
+    with pytest.raises(ValueError, match=f"data.mix: {message}"):
+        validate(cfg)

@@ -160,6 +160,14 @@ class MixedDataset(Dataset):
                              "batch dimension") from err
         return MixedBatch(joined, torch.tensor(numbers, dtype=torch.int64), parts)
 
+    def reweighted(self, weights: Mapping[str, float] | None = None,
+                   temperature: float | None = None) -> MixedDataset:
+        """The same datasets with other shares (`Mixture.reweighted`)."""
+        mixture = self.mixture.reweighted(weights, temperature)
+        probs = probabilities(self.sizes, [s.weight for s in mixture.sources], temperature,
+                              mixture.names)
+        return MixedDataset(mixture, self.datasets, probs)
+
     def part(self, k: int) -> Dataset:
         """Source k's samples alone, as items of this dataset (for evaluation per source)."""
         return _Part(self, k)

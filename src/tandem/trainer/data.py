@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tandem.config import Config, parse_ramp
+from tandem.config import Config, parse_mix, parse_ramp
 from tandem.data.batches import BatchPlan
 from tandem.data.loader import collate_of, train_batches
 from tandem.data.memory import held
@@ -69,6 +69,8 @@ def build_data(task: Task, config: Config, dp_size: int) -> RunData:
     train_task = training_task(task, train.label_smoothing)
     dataset = task.train_data()
     preflight.check_dataset(dataset, "train_data")
+    if config.data.mix:
+        dataset = _remixed(dataset, config.data.mix)
     order = None
     if isinstance(dataset, MixedDataset):
         if task.collate is not None:
@@ -87,6 +89,18 @@ def build_data(task: Task, config: Config, dp_size: int) -> RunData:
             eval_dataset = held(eval_dataset, config.data, "eval_data",
                                 collate_of(eval_dataset, task.collate))
     return RunData(batches, train_task, dataset, eval_dataset, collate, order)
+
+
+def _remixed(dataset: Any, mix: str) -> MixedDataset:
+    """The mixture with data.mix's shares."""
+    if not isinstance(dataset, MixedDataset):
+        raise ValueError(f"data.mix: {mix!r} sets the shares of a tandem.Mixture; this task's "
+                         f"train_data is a {type(dataset).__name__}: leave data.mix empty")
+    weights, temperature = parse_mix(mix)
+    try:
+        return dataset.reweighted(weights, temperature)
+    except ValueError as err:
+        raise ValueError(f"data.mix: {err}") from None
 
 
 def micro_batches(data: RunData, config: Config, dp_rank: int, cursor: Cursor, step: int,
