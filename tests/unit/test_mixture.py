@@ -16,9 +16,9 @@ from torch.utils.data import Dataset
 import tandem
 from tandem.analyze.diagnosis.diagnose import diagnose
 from tandem.analyze.report.run_report import write_html
+from tandem.config import validate
 from tandem.data.mixture import MixedBatch
 from tandem.data.sampler import Cursor, GlobalBatchSampler
-from tandem.config import validate
 from tandem.monitor.store import RunStore
 from tandem.trainer.data import build_data
 from tandem.trainer.resume_rules import guarded_changes
