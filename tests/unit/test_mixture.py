@@ -104,6 +104,11 @@ def test_a_source_draws_each_sample_once_before_any_repeats() -> None:
     assert len(drawn) == 2 * 3900
     for start in range(0, len(drawn) - 300, 300):
         assert sorted(drawn[start:start + 300]) == list(range(300))
+    # A source of 3 samples with half the stream walks 34 of its epochs in each of ours.
+    tiny = _mixture((1.0, 1.0, 1.0), sizes=[3, 200, 7]).train()
+    drawn = [c for e in range(3) for c in tiny.epoch_order(9, e).tolist() if c < 3]
+    assert len(drawn) == 3 * 70
+    assert all(sorted(drawn[i:i + 3]) == [0, 1, 2] for i in range(0, len(drawn), 3))
 
 
 def test_the_sequence_is_the_same_at_any_world_size_and_after_a_resume() -> None:

@@ -75,15 +75,13 @@ def _sources_of(seed: int, epoch: int, counts: Sequence[int]) -> torch.Tensor:
                                 + jitter)]
 
 
-def source_sample(seed: int, k: int, draw: torch.Tensor, size: int) -> torch.Tensor:
-    """The sample indices of source k's draws number `draw` (its own epochs of `size`)."""
-    out = torch.empty_like(draw)
-    epochs = draw // size
-    for own_epoch in epochs.unique().tolist():
-        mask = epochs == own_epoch
-        perm = torch.randperm(size, generator=_generator("mix-source", seed, k, own_epoch))
-        out[mask] = perm[draw[mask] % size]
-    return out
+def source_sample(seed: int, k: int, start: int, count: int, size: int) -> torch.Tensor:
+    """Source k's draws number start .. start + count - 1: its own epochs of `size` samples
+    follow each other, each a permutation drawn from (seed, k, its number)."""
+    first, last = start // size, (start + count - 1) // size
+    walk = torch.cat([torch.randperm(size, generator=_generator("mix-source", seed, k, e))
+                      for e in range(first, last + 1)])
+    return walk[start - first * size:][:count]
 
 
 def mixture_epoch(seed: int, epoch: int, sizes: Sequence[int],
@@ -93,6 +91,6 @@ def mixture_epoch(seed: int, epoch: int, sizes: Sequence[int],
     source = _sources_of(seed, epoch, counts)
     sample = torch.empty_like(source)
     for k, (size, c) in enumerate(zip(sizes, counts, strict=True)):
-        mask = source == k  # its c draws of this epoch, in stream order
-        sample[mask] = source_sample(seed, k, epoch * c + torch.arange(c), size)
+        # Its c draws of this epoch, in stream order: numbers epoch * c .. of its walk.
+        sample[source == k] = source_sample(seed, k, epoch * c, c, size)
     return source, sample
