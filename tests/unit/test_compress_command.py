@@ -14,7 +14,7 @@ import torch
 
 import tandem
 from tandem.cli import main
-from tandem.compress.experiment import ORIGINAL, choose
+from tandem.compress.experiment import ORIGINAL, Goal, choose, goal_of
 
 SCRIPT = Path(__file__).resolve().parents[1] / "dist" / "scripts" / "compress_task.py"
 
@@ -23,35 +23,48 @@ def _row(metric: float, size: int, ms: float) -> dict:
     return {"metric": metric, "bytes": size, "latency_ms": {1: ms, 64: 10 * ms}}
 
 
+ACCURACY, LOSS = Goal("accuracy", True), Goal("eval_loss", False)
 ROWS = {ORIGINAL: _row(0.950, 1000, 1.0), "small": _row(0.945, 300, 1.0),
         "smaller": _row(0.930, 200, 0.5), "bigger": _row(0.960, 1200, 1.5)}
 
 
 def test_the_smallest_model_within_the_budget_is_adopted() -> None:
-    chosen, why, verdict = choose(ROWS, "accuracy", 1.0, "size")
+    chosen, why, verdict = choose(ROWS, ACCURACY, 1.0, "size")
     assert chosen == "small" and verdict.startswith("small adopted")
     assert "2 worse" in why["smaller"] and "over the budget of 1" in why["smaller"]
     assert why["bigger"] == "neither smaller nor faster than the original"
-    assert choose(ROWS, "accuracy", 3.0, "size")[0] == "smaller"
-    assert choose(ROWS, "accuracy", 3.0, "speed")[0] == "smaller"
+    assert choose(ROWS, ACCURACY, 3.0, "size")[0] == "smaller"
+    assert choose(ROWS, ACCURACY, 3.0, "speed")[0] == "smaller"
 
 
 def test_a_budget_no_candidate_meets_keeps_the_original_and_says_so() -> None:
-    chosen, why, verdict = choose(ROWS, "accuracy", 0.2, "size")
+    chosen, why, verdict = choose(ROWS, ACCURACY, 0.2, "size")
     assert chosen == ORIGINAL
     assert verdict == "no candidate meets the budget of 0.2: the original is kept"
     assert set(why) == {"small", "smaller", "bigger"}
 
 
 def test_a_placebo_budget_keeps_the_original_unless_a_candidate_is_not_worse() -> None:
-    assert choose(ROWS, "accuracy", 0.0, "size")[0] == ORIGINAL
+    assert choose(ROWS, ACCURACY, 0.0, "size")[0] == ORIGINAL
     rows = {**ROWS, "equal": _row(0.950, 500, 1.2)}
-    assert choose(rows, "accuracy", 0.0, "size")[0] == "equal"
+    assert choose(rows, ACCURACY, 0.0, "size")[0] == "equal"
     # a loss goes the other way, in its own units
     losses = {ORIGINAL: _row(1.00, 1000, 1.0), "a": _row(1.04, 400, 1.0),
               "b": _row(1.10, 100, 1.0)}
-    assert choose(losses, "eval_loss", 0.05, "size")[0] == "a"
-    assert choose(losses, "eval_loss", 0.0, "size")[0] == ORIGINAL
+    assert choose(losses, LOSS, 0.05, "size")[0] == "a"
+    assert choose(losses, LOSS, 0.0, "size")[0] == ORIGINAL
+
+
+def test_the_metric_and_its_direction_come_from_the_target_or_the_name() -> None:
+    task = tandem.Task(model=lambda: None, optimizer=lambda p: None, train_data=list,
+                       loss=lambda o, b: o, metrics={"bits_per_byte": len, "accuracy": len})
+    assert goal_of(task, None, "") == ACCURACY
+    assert goal_of(task, None, "eval_loss<=2.3") == LOSS
+    assert goal_of(task, "bits_per_byte", "") == Goal("bits_per_byte", False)
+    assert goal_of(task, "accuracy", "accuracy<=0.5") == Goal("accuracy", False)
+    with pytest.raises(ValueError, match=r"--metric 'bleu': the task's evaluation gives "
+                                         r"\['bits_per_byte', 'accuracy', 'eval_loss'\]"):
+        goal_of(task, "bleu", "")
 
 
 def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:

@@ -14,16 +14,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", help="a run directory, or a run's name or id in the store")
     parser.add_argument("--budget", type=float, required=True,
                         help="how much worse than the original the adopted model may be: "
-                             "percentage points of the metric (accuracy), or a loss's own "
-                             "units; 0 is a placebo")
+                             "percentage points of a metric that goes up (accuracy), or the "
+                             "own units of one that goes down (a loss); 0 is a placebo")
     parser.add_argument("--out", required=True, help="folder for model.pt2 and compress.json")
     parser.add_argument("--script", default=None,
                         help="the training script (default: the one the run store recorded)")
     parser.add_argument("--task", default=None,
                         help="the script's module-level Task by name (default: its only one)")
     parser.add_argument("--metric", default=None,
-                        help="the task's metric to hold (default: accuracy if the task has "
-                             "it, else its first metric, else eval_loss)")
+                        help="the task's metric to hold (default: the one the run's "
+                             "train.target names, else accuracy, else the task's first "
+                             "metric, else eval_loss)")
     parser.add_argument("--steps", type=int, default=100,
                         help="fine-tuning steps of each candidate that needs them")
     parser.add_argument("--lr-scale", type=float, default=0.3,

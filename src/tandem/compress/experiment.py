@@ -7,8 +7,9 @@ execute) and loaded from the run's newest good checkpoint (its weight average wh
 kept one: the weights it evaluated). The original is the control: it and every candidate
 (`candidates`) are measured alike (`measure`): the task's metric on its evaluation data,
 weight elements, serialised bytes, CPU latency at batch 1 and 64. A candidate is eligible
-when its metric is at most POINTS worse than the original's (percentage points for a
-metric in [0, 1] such as accuracy; the loss's own units for a loss) and it is smaller or
+when its metric is at most POINTS worse than the original's (`goal_of`: percentage points
+for a metric that goes up, a fraction such as accuracy; the metric's own units for one that
+goes down, such as a loss in nats) and it is smaller or
 faster (at both batch sizes) than the original; the smallest eligible one is adopted
 (`--prefer speed`: the fastest at batch 64). None eligible: the original is kept, and
 `compress.json` says why. With POINTS 0 (a placebo) only a candidate no worse than the
@@ -25,6 +26,7 @@ import argparse
 import json
 import runpy
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +40,25 @@ from tandem.compress.measure import (
     LOSS,
     collate_of,
     evaluate,
-    higher_is_better,
     latencies,
     model_inputs,
     state_bytes,
     weights,
 )
+from tandem.config_values import parse_target
 from tandem.task import Task
 
 ORIGINAL = "original"
+# Metrics named so go down as the model gets better (unless the run's target says).
+LOWER_BETTER = ("loss", "perplexity", "bits", "error")
+
+
+@dataclass(frozen=True)
+class Goal:
+    """The metric held, and whether higher is better (then a fraction, like accuracy)."""
+
+    metric: str
+    higher: bool
 
 
 def locate(run: str, store: str | None, script: str | None) -> tuple[Path, Path]:
@@ -99,22 +111,29 @@ def task_of(script: Path, name: str | None) -> Task:
     return next(iter(tasks.values()))
 
 
-def metric_of(task: Task, given: str | None) -> str:
-    """The metric to hold: the one given, else accuracy, the first, or the loss."""
+def goal_of(task: Task, given: str | None, target: str) -> Goal:
+    """The metric to hold: the one given, else the one the run's `train.target` names,
+    else accuracy, the task's first metric or the loss; which way is better: as the target
+    says, else down for a loss, perplexity, bits or error, up for the others."""
     names = [*task.metrics, LOSS]
     if given is not None and given not in names:
         raise ValueError(f"--metric {given!r}: the task's evaluation gives {names}")
-    return given or ("accuracy" if "accuracy" in task.metrics else names[0])
+    aimed = parse_target(target) if target else None
+    metric = given or (aimed[0] if aimed and aimed[0] in names else
+                       "accuracy" if "accuracy" in task.metrics else names[0])
+    if aimed and aimed[0] == metric:
+        return Goal(metric, aimed[1] == ">=")
+    return Goal(metric, not any(word in metric for word in LOWER_BETTER))
 
 
-def worse_by(metric: str, value: float, original: float) -> float:
-    """How much worse than the original, in budget units (points, or the loss's units)."""
-    if higher_is_better(metric):
+def worse_by(goal: Goal, value: float, original: float) -> float:
+    """How much worse than the original, in budget units (points, or the metric's own)."""
+    if goal.higher:
         return 100 * (original - value)
     return value - original
 
 
-def choose(rows: dict[str, dict[str, Any]], metric: str, budget: float,
+def choose(rows: dict[str, dict[str, Any]], goal: Goal, budget: float,
            prefer: str) -> tuple[str, dict[str, str], str]:
     """(the adopted name, why each other candidate was not adopted, the verdict). `rows`
     hold each measured model's metric, bytes and latency_ms by batch size; the original
@@ -125,10 +144,10 @@ def choose(rows: dict[str, dict[str, Any]], metric: str, budget: float,
     for name, row in rows.items():
         if name == ORIGINAL:
             continue
-        worse = worse_by(metric, row["metric"], base["metric"])
+        worse = worse_by(goal, row["metric"], base["metric"])
         faster = all(row["latency_ms"][b] < base["latency_ms"][b] for b in BATCHES)
         if worse > budget + 1e-9:
-            why[name] = (f"{metric} {row['metric']:.4g} is {worse:.3g} worse than the "
+            why[name] = (f"{goal.metric} {row['metric']:.4g} is {worse:.3g} worse than the "
                          f"original's {base['metric']:.4g}: over the budget of {budget:g}")
         elif row["bytes"] >= base["bytes"] and not faster:
             why[name] = "neither smaller nor faster than the original"
@@ -145,7 +164,7 @@ def choose(rows: dict[str, dict[str, Any]], metric: str, budget: float,
         # Equal sizes (two int8 models): the better metric first, then the faster.
         r = rows[name]
         size, speed = float(r["bytes"]), float(r["latency_ms"][BATCHES[-1]])
-        worse = worse_by(metric, r["metric"], base["metric"])
+        worse = worse_by(goal, r["metric"], base["metric"])
         return (size, worse, speed) if prefer == "size" else (speed, size, worse)
 
     chosen = min(eligible, key=key)
@@ -184,7 +203,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     if task.eval_data is None:
         raise ValueError("tandem compress: the task has no eval_data to measure the metric on")
     config = load(run_dir / "config.toml")
-    metric = metric_of(task, ns.metric)
+    goal = goal_of(task, ns.metric, config.train.target)
     original = task.model()
     InitFrom(str(run_dir), field="tandem compress RUN", average=True).load(original)
     original.eval()
@@ -200,35 +219,35 @@ def run(ns: argparse.Namespace, console: Console) -> int:
         else:
             models[name] = made
         console.print(f"{name}: {'made' if name in models else failed[name]}", highlight=False)
-    rows = {name: {"metric": evaluate(m, task, dataset, metric, config.train.eval_batch),
+    rows = {name: {"metric": evaluate(m, task, dataset, goal.metric, config.train.eval_batch),
                    "params": weights(m), "bytes": state_bytes(m)}
             for name, m in models.items()}
     for name, ms in latencies(models, inputs, ns.repeats).items():
         rows[name]["latency_ms"] = ms
-    chosen, why, verdict = choose(rows, metric, ns.budget, ns.prefer)
+    chosen, why, verdict = choose(rows, goal, ns.budget, ns.prefer)
     why.update(failed)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     file_bytes = export(models[chosen], inputs, out / "model.pt2")
-    record = _record(run_dir, script, metric, ns, rows, chosen, why, verdict, file_bytes)
+    record = _record(run_dir, script, goal, ns, rows, chosen, why, verdict, file_bytes)
     (out / "compress.json").write_text(json.dumps(record, indent=2) + "\n")
-    _print(console, rows, chosen, why, verdict, metric, out)
+    _print(console, rows, chosen, why, verdict, goal.metric, out)
     return 0
 
 
-def _record(run_dir: Path, script: Path, metric: str, ns: argparse.Namespace,
+def _record(run_dir: Path, script: Path, goal: Goal, ns: argparse.Namespace,
             rows: dict[str, dict[str, Any]], chosen: str, why: dict[str, str],
             verdict: str, file_bytes: int) -> dict[str, Any]:
     def figures(name: str) -> dict[str, Any]:
         row = rows[name]
-        return {"technique": name, metric: row["metric"], "params": row["params"],
+        return {"technique": name, goal.metric: row["metric"], "params": row["params"],
                 "bytes": row["bytes"],
                 "latency_ms": {f"batch_{b}": row["latency_ms"][b] for b in BATCHES}}
 
     return {
-        "run": str(run_dir), "script": str(script), "metric": metric,
-        "higher_is_better": higher_is_better(metric), "budget": ns.budget,
-        "budget_unit": "percentage points" if higher_is_better(metric) else f"{metric} units",
+        "run": str(run_dir), "script": str(script), "metric": goal.metric,
+        "higher_is_better": goal.higher, "budget": ns.budget,
+        "budget_unit": "percentage points" if goal.higher else f"{goal.metric} units",
         "prefer": ns.prefer, "fine_tune": {"steps": ns.steps, "lr_scale": ns.lr_scale,
                                            "seed": ns.seed},
         "cpu_threads": torch.get_num_threads(), "verdict": verdict,

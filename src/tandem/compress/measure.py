@@ -54,11 +54,6 @@ def model_inputs(task: Task, batch: Any) -> tuple[torch.Tensor, ...]:
     raise ValueError("tandem compress: the task's forward did not call the model")
 
 
-def higher_is_better(metric: str) -> bool:
-    """Losses go down; every other metric (accuracy, ...) up."""
-    return "loss" not in metric
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, dataset: Any, metric: str,
              batch_size: int) -> float:
