@@ -25,9 +25,10 @@ end with the same model (DiLoCo forces a last meeting too).
 
 Checkpoints hold the outer parameters and momentum, every rank's own replica and
 optimizer state (under its rank's keys: replicas differ between meetings; the run's own
-model and optimizer sections hold one of them) and every fragment in flight: its sum is
-waited for at the save and merged at its own step after a resume, so a resumed run is
-the uninterrupted one. A resume needs the world size the checkpoint was written with.
+model and optimizer sections hold, tensor by tensor, any one rank's) and every fragment in
+flight: its sum is waited for at the save and merged at its own step after a resume, so a
+resumed run is the uninterrupted one. A resume needs the world size the checkpoint was
+written with.
 """
 
 from __future__ import annotations
