@@ -1,12 +1,15 @@
 """Make the dashboard screenshots in this folder.
 
     python docs/dashboard/screenshots.py [--steps 300] [--reuse DIR]
+    python docs/dashboard/screenshots.py --multitask      # multitask.png alone
 
 Two real runs of examples/mnist1d_cnn.py on 2 processes (the first one resumed once, so
 it has two segments; the second with fp16 gradient compression), a real `tandem tune`
 session on the tuner's test job, a scheduler's history written through SchedStore (jobs
 whose runs are the two above; times made up, records in the shape the service writes), then
-Chromium's screenshots of the Runs, Run, Compare, Tuner and Scheduler pages.
+Chromium's screenshots of the Runs, Run, Compare, Tuner and Scheduler pages. With
+`--multitask`: a run of examples/mnist1d_multitask.py and its Run page's curves (the
+loss and the accuracy of each task).
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def train(cwd: Path, name: str, steps: int, *flags: str) -> None:
+def train(cwd: Path, name: str, steps: int, *flags: str,
+          script: str = "mnist1d_cnn.py") -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "src"))
     subprocess.run([sys.executable, "-m", "tandem.cli", "run", "--nproc-per-node", "2",
-                    str(ROOT / "examples" / "mnist1d_cnn.py"), "--train.steps", str(steps),
+                    str(ROOT / "examples" / script), "--train.steps", str(steps),
                     "--run.name", name, "--monitor.progress", "off", "--monitor.log_every", "10",
                     *flags], cwd=cwd, env=env, check=True, capture_output=True)
 
@@ -108,7 +112,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--reuse", default=None,
                         help="a folder this script filled before: only take the pictures")
+    parser.add_argument("--multitask", action="store_true",
+                        help="only the multi-task run's curves (multitask.png)")
     args = parser.parse_args()
+    if args.multitask:
+        multitask(Path(args.reuse or tempfile.mkdtemp(prefix="tandem-shots-")), args.reuse)
+        return
     from playwright.sync_api import sync_playwright
 
     cwd = Path(args.reuse or tempfile.mkdtemp(prefix="tandem-shots-"))
@@ -138,6 +147,31 @@ def main() -> None:
             clip = {"x": 0, "y": 0, "width": 1400, "height": 2300} if name == "run" else None
             page.screenshot(path=str(OUT / f"{name}.png"), full_page=True, clip=clip)
             print(f"wrote {OUT / f'{name}.png'}")
+        browser.close()
+
+
+def multitask(cwd: Path, reuse: str | None) -> None:
+    """The Run page's curves of a multi-task run: each task's loss and accuracy."""
+    from playwright.sync_api import sync_playwright
+
+    if not reuse:
+        train(cwd, "mnist1d_multitask", 150, "--train.eval_every", "10",
+              script="mnist1d_multitask.py")
+    store = cwd / "runs" / "tandem.db"
+    with RunStore(store) as s:
+        (run,) = [r["run_id"] for r in s.runs() if r["name"] == "mnist1d_multitask"]
+    with DashboardServer(store) as server, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(server.url(f"/run/{run}", local=True))
+        page.wait_for_selector("body[data-ready='1']")
+        page.wait_for_timeout(500)
+        box = page.locator("#curves").bounding_box()
+        # The first two rows: the loss, each task's losses and accuracies.
+        page.screenshot(path=str(OUT / "multitask.png"), full_page=True,
+                        clip={"x": box["x"], "y": box["y"], "width": box["width"],
+                              "height": min(box["height"], 620)})
+        print(f"wrote {OUT / 'multitask.png'}")
         browser.close()
 
 

@@ -10,17 +10,20 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tandem.components import Component
     from tandem.config import Config
+    from tandem.data.mixture import Mixture, Source
     from tandem.fit import RunResult, fit
     from tandem.losses import CrossEntropy
     from tandem.task import Task
 
-__all__ = ["Component", "Config", "CrossEntropy", "RunResult", "Task", "fit"]
+__all__ = ["Component", "Config", "CrossEntropy", "Mixture", "RunResult", "Source", "Task",
+           "fit"]
 __version__ = "0.1.0"
 
 # The public names load on first use, so that the command line (`tandem run`, `tandem
 # queue`, ...) starts without importing torch: the launcher only starts processes.
 _HOMES = {"Component": "tandem.components", "Config": "tandem.config",
-          "CrossEntropy": "tandem.losses", "RunResult": "tandem.fit", "fit": "tandem.fit",
+          "CrossEntropy": "tandem.losses", "Mixture": "tandem.data.mixture",
+          "RunResult": "tandem.fit", "Source": "tandem.data.mixture", "fit": "tandem.fit",
           "Task": "tandem.task"}
 
 

@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", "--html", dest="out", default=None,
                          help="comparison file (default: in the first run's folder)")
     _store_arg(compare)
+    plan = sub.add_parser("plan", help="which layouts fit a model on a machine, how fast each "
+                          "would step (predicted, before anything runs)")
+    from tandem.planner.command import add_arguments as plan_arguments
+
+    plan_arguments(plan)
     tune = sub.add_parser("tune", help="pick the execution plan by short validation trials")
     from tandem.tune.command import add_arguments as tune_arguments
 
@@ -158,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             _report(ns, console)
         elif ns.command == "compare":
             _compare(ns, console)
+        elif ns.command == "plan":
+            from tandem.planner.command import main as plan
+
+            return plan(ns)
         elif ns.command == "tune":
             from tandem.tune.command import run as tune
 

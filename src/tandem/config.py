@@ -23,6 +23,7 @@ from tandem.config_schema import (  # noqa: F401 - the sections, re-exported
     TrainConfig,
 )
 from tandem.config_values import (  # noqa: F401 - re-exported
+    parse_mix,
     parse_ramp,
     parse_seq_ramp,
     parse_target,
@@ -185,6 +186,8 @@ def validate(config: Config) -> Config:
                          "range; expected a number in (0, 1]")
     if config.train.seq_ramp:
         parse_seq_ramp(config.train.seq_ramp)
+    if config.data.mix:
+        parse_mix(config.data.mix)
     if config.train.lora_rank and (config.plan.strategy == strategies.FSDP.name
                                    or config.plan.tp > 1 or config.plan.pp > 1):
         raise ValueError(f"train.lora_rank: adapters are built for whole layers on every "

@@ -128,6 +128,11 @@ class DataConfig:
         "by indexing them (no DataLoader, no per-sample calls): the same samples in the same "
         "order; randomness a dataset draws per sample is drawn once"
     )
+    mix: str = _doc(
+        "", "a tandem.Mixture's shares instead of the script's: 'NAME=WEIGHT,...' for every "
+        "source (e.g. 'digit=1,parity=3'), or 'temperature=T' (size^(1/T)); empty: the "
+        "script's own"
+    )
 
 
 @dataclass(kw_only=True)

@@ -1,4 +1,5 @@
-"""Parsers of the config's small text values: train.target, train.batch_ramp, train.seq_ramp."""
+"""Parsers of the config's small text values: train.target, train.batch_ramp, train.seq_ramp,
+data.mix."""
 
 from __future__ import annotations
 
@@ -52,6 +53,27 @@ def parse_seq_ramp(text: str) -> list[tuple[int, int]]:
             raise ValueError(f"train.seq_ramp: {s0}:{n0} then {s1}:{n1}; steps must rise, "
                              f"lengths must be >= 1 and not shrink, 0 only last ({example})")
     return pairs
+
+
+def parse_mix(text: str) -> tuple[dict[str, float] | None, float | None]:
+    """Parse data.mix into (weights by source name, None) or (None, temperature)."""
+    example = "e.g. 'digit=1,parity=3' or 'temperature=2'"
+    pairs: dict[str, float] = {}
+    for part in text.split(","):
+        name, equals, value = (x.strip() for x in part.partition("="))
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not equals or not name or not 0 < number < float("inf"):
+            raise ValueError(f"data.mix: {part.strip()!r} is not NAME=NUMBER with a finite "
+                             f"number > 0 ({example})")
+        if name in pairs:
+            raise ValueError(f"data.mix: {name!r} is given twice ({example})")
+        pairs[name] = number
+    if list(pairs) == ["temperature"]:
+        return None, pairs["temperature"]
+    return pairs, None
 
 
 TARGET_SLACK = 1e-6  # relative tolerance of train.target comparisons (float32 metrics)

@@ -155,3 +155,18 @@ def test_a_stuck_schedule_is_stopped_and_named(tmp_path: Path) -> None:
     assert ended - float(stall_file.read_text()) < 60, out
     assert ("pipeline schedule '1F1B' made no progress for 5 s (plan.pp_watchdog_s) on "
             "stage 1, action F of micro-batch") in out, out
+
+
+@pytest.mark.timeout(180)
+def test_two_pipeline_replicas_train_what_one_process_trains(tmp_path: Path) -> None:
+    # PP2 x DP2 on four processes for half the steps, the rest on one process: the
+    # replicas' averaged stage gradients and the resharded checkpoint give the one-process
+    # weights (each replica draws its half of every global batch).
+    half = STEPS // 2
+    run_ranks(_fit, 4, str(tmp_path), [("pp2dp2", half, 2)], timeout=150)
+    first = torch.load(tmp_path / "pp2dp2.pt", weights_only=False)["summary"]
+    assert (first["world_size"], first["steps"]) == (4, half)
+    run_ranks(_fit, 1, str(tmp_path), [("pp2dp2", STEPS, 1)], timeout=60)
+    got = torch.load(tmp_path / "pp2dp2.pt", weights_only=False)
+    assert got["summary"]["steps"] == STEPS
+    assert_weights(got["state"], reference(STEPS)[0])

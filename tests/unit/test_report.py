@@ -176,3 +176,22 @@ def test_loss_chart_marks_small_outliers_grey_and_instability_red() -> None:
                re.findall(r'stroke="(#[0-9a-f]{6})"><title>step (\d+):', html)}
     assert colours == {"305": "#667085", "306": "#d92d20"}
     assert "step 305: loss_spike (small on this run: not instability)" in html
+
+
+def test_pipeline_panel_draws_each_ranks_measured_and_predicted_bubble() -> None:
+    import json
+
+    from tandem.analyze.report import panels
+    from tandem.analyze.report.figures import by_name
+
+    rows = [{"step": 5 * (w + 1), "rank": rank, "name": name, "value": value + w / 100,
+             "time": w}
+            for w in range(3) for rank in (0, 1)
+            for name, value in (("pp/bubble", 0.3 + rank / 10), ("pp/bubble_predicted", 0.2))]
+    html = panels.pipeline_panel(by_name(rows))
+    block = re.search(r'<script type="application/json" id="data-pipeline">(.*?)</script>',
+                      html, re.S)
+    series = {s["name"]: s["y"] for s in json.loads(block.group(1))["series"]}
+    assert series["rank 1 measured"] == pytest.approx([0.4, 0.41, 0.42])
+    assert series["rank 0 predicted"] == pytest.approx([0.2, 0.21, 0.22])
+    assert panels.pipeline_panel(by_name([])) == ""

@@ -7,6 +7,7 @@ from tandem.components.ema import EMA
 from tandem.components.faults import FaultInjection
 from tandem.components.liveness import Liveness
 from tandem.components.model import Compile, Recompute
+from tandem.components.task_losses import task_losses
 from tandem.compress.distill import from_config as distillation
 from tandem.config import Config
 from tandem.faults import FaultPlan
@@ -20,8 +21,9 @@ from tandem.task import Task
 def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
     """Freezing and the initial weights first (every later component sees the model they
     make), activation checkpointing before compilation (as the plan applies them), the
-    weight average, the teacher (before an injected fault scales the loss), then liveness
-    before fault injection (a rank killed by a fault is last seen where it was killed)."""
+    weight average, the record of each source's loss of a mixture, the teacher (before an
+    injected fault scales the loss), then liveness before fault injection (a rank killed
+    by a fault is last seen where it was killed)."""
     out: list[Component] = []
     if config.train.freeze:
         out.append(Freeze(parse_patterns(config.train.freeze)))
@@ -36,6 +38,7 @@ def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
         out.append(Compile())
     if config.train.ema_decay:
         out.append(EMA(config.train.ema_decay))
+    out += task_losses(task)
     if (teacher := distillation(config, task)) is not None:
         out.append(teacher)
     out.append(Liveness(runtime.store, runtime.rank, runtime.world_size,

@@ -62,6 +62,7 @@ from tandem.monitor.catalogue import (
     TIME_WIRE_PREDICTED,
     TOKENS_PER_S,
     UPDATE_RATIO,
+    split_task_metric,
 )
 
 LABELS: dict[str, str] = {
@@ -202,6 +203,8 @@ def label(name: str) -> str:
         return LABELS[name]
     if "." in name or " " in name:  # a config key, as the user writes it; or words
         return name
+    if (task := split_task_metric(name)) is not None:  # a mixture source's figure
+        return f"{task[0]} {label(task[1])}"
     name = name.rsplit("/", 1)[-1]  # a metric's family prefix (time/, mem/) says little
     for suffix, unit in SUFFIXES:
         if name.endswith(suffix) and len(name) > len(suffix):

@@ -33,17 +33,17 @@ def _is_values(items: Sequence[Any]) -> bool:
     return not any(isinstance(item, torch.Tensor | dict | tuple | list) for item in items)
 
 
-def _join(parts: list[Any]) -> Any:
+def join(parts: list[Any]) -> Any:
     """Concatenate collated chunks along the sample dimension."""
     first = parts[0]
     if isinstance(first, torch.Tensor):
         return torch.cat(parts)
     if isinstance(first, dict):
-        return {key: _join([p[key] for p in parts]) for key in first}
+        return {key: join([p[key] for p in parts]) for key in first}
     if isinstance(first, tuple) and hasattr(first, "_fields"):  # a namedtuple
-        return type(first)(*(_join(list(items)) for items in zip(*parts, strict=True)))
+        return type(first)(*(join(list(items)) for items in zip(*parts, strict=True)))
     if isinstance(first, list | tuple) and not _is_values(first):  # one entry per field
-        joined = [_join(list(items)) for items in zip(*parts, strict=True)]
+        joined = [join(list(items)) for items in zip(*parts, strict=True)]
         return tuple(joined) if isinstance(first, tuple) else joined
     values = [value for part in parts for value in part]  # plain values, one per sample
     return tuple(values) if isinstance(first, tuple) else values
@@ -76,7 +76,7 @@ class MemoryDataset(Dataset):
         parts = [] if self.samples is not None else [
             default_collate([dataset[i] for i in range(s, min(n, s + CHUNK))])
             for s in range(0, n, CHUNK)]
-        self.data = _join(parts) if parts else None
+        self.data = join(parts) if parts else None
         self.size = n
         self.load_s = time.perf_counter() - started  # paid before the first step
         log.debug("data.in_memory: %s of %d samples read in %.2f s", name, n, self.load_s)

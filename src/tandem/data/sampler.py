@@ -65,7 +65,9 @@ class GlobalBatchSampler:
     takes the r-th equal slice of it and splits that into `accum` micro-batches.
     With `batch_at` (a batch-size ramp), step s's global batch is `batch_at(s)`, split
     into micro-batches of the same size as the full batch's, so a smaller batch has
-    fewer of them; `step` is the step the iteration starts at.
+    fewer of them; `step` is the step the iteration starts at. `order(seed, epoch)`, when
+    given, is the epoch's sample numbers in stream order instead of a permutation (a
+    mixture's: `MixedDataset.epoch_order`); it too must depend on nothing else.
     """
 
     def __init__(
@@ -80,6 +82,7 @@ class GlobalBatchSampler:
         cursor: Cursor,
         batch_at: Callable[[int], int] | None = None,
         step: int = 0,
+        order: Callable[[int, int], torch.Tensor] | None = None,
     ) -> None:
         check_sizes(dataset_len, global_batch, world_size * accum)
         self.batch_at = batch_at
@@ -90,12 +93,15 @@ class GlobalBatchSampler:
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
+        self.order = order
         self.cursor = Cursor(epoch=cursor.epoch, offset=cursor.offset)
         self._order: tuple[int, torch.Tensor] | None = None
 
     def _epoch_order(self, epoch: int) -> torch.Tensor:
         if self._order is None or self._order[0] != epoch:
-            self._order = (epoch, epoch_order(self.seed, epoch, self.dataset_len))
+            order = (self.order(self.seed, epoch) if self.order is not None
+                     else epoch_order(self.seed, epoch, self.dataset_len))
+            self._order = (epoch, order)
         return self._order[1]
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -9,7 +9,8 @@ by the dashboard. Names are stored strings: changing one breaks existing run sto
 
 Besides the names listed, a run writes the task's own evaluation metrics under their
 own names (`Task.metrics`: plain names without a `/`, which keeps them apart from the
-measured figures here).
+measured figures here), and a mixture's figures of each source as task/<source>/<what>
+(`task_metric`; the templates task/*/<what> are listed).
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ MFU = _metric("mfu", "fraction", "model FLOPs utilisation: achieved FLOP/s over 
 GRAD_NOISE_SCALE = _metric("grad_noise_scale", "samples",
                            "gradient noise scale (critical batch estimate)")
 EVAL_LOSS = _metric("eval_loss", "", "loss on the evaluation data")
+
+# ---------------------------------------------------------------- tasks of a mixture
+# A tandem.Mixture's sources: task/<source>/<what>, what one of these or the source's own
+# evaluation metrics (Source.metrics, named without '/').
+TASK_PREFIX = "task/"
+TASK_LOSS = _metric("task/*/loss", "", "one source's training loss: mean over its samples "
+                    "in the window's steps, all ranks")
+TASK_EVAL_LOSS = _metric("task/*/eval_loss", "", "one source's loss on its evaluation data")
+TASK_SHARE = _metric("task/*/share", "fraction",
+                     "one source's share of the window's training samples")
 
 # ---------------------------------------------------------------- step time and phases
 TIME_PREFIX = "time/"
@@ -178,6 +189,26 @@ def phase_metric(phase: str) -> str:
     name = TIME_PREFIX + phase
     assert name in CATALOGUE, name
     return name
+
+
+def task_metric(source: str, what: str) -> str:
+    """The stored name of a mixture source's figure: task/<source>/<what>, `what` the
+    part after task/*/ of TASK_LOSS, TASK_EVAL_LOSS, TASK_SHARE, or a metric of the
+    source's own."""
+    return f"{TASK_PREFIX}{source}/{what}"
+
+
+def task_kind(template: str) -> str:
+    """The <what> of a task/*/<what> template (TASK_LOSS -> 'loss')."""
+    return template.removeprefix(TASK_PREFIX + "*/")
+
+
+def split_task_metric(name: str) -> tuple[str, str] | None:
+    """(source, what) of a task/<source>/<what> name; None for any other name."""
+    if not name.startswith(TASK_PREFIX):
+        return None
+    source, _, what = name.removeprefix(TASK_PREFIX).partition("/")
+    return (source, what) if source and what and source != "*" else None
 
 
 def as_dict() -> dict[str, Any]:

@@ -59,6 +59,11 @@ class PhaseClock:
         stop.record()
         self._pending.append((phase, event, stop))  # type: ignore[arg-type]
 
+    def add(self, phase: str, seconds: float) -> None:
+        """Add seconds timed elsewhere (host clock) to `phase`."""
+        if self.enabled:
+            self.host[phase] += seconds
+
     def interval(self, phase: str, start: Mark | None, stop: Mark) -> None:
         """Add the time from `start` to `stop` (made by `mark`, in any thread) to `phase`."""
         if not self.enabled or start is None:

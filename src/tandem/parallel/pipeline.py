@@ -93,6 +93,7 @@ class PipelineStrategy(Strategy):
         self.batches: list[Any] = []  # the step's micro-batches
         self.stale = False  # the other stages' weights in `full` are older than theirs
         self.times = {"F": 0.0, "B": 0.0, "W": 0.0, "step": 0.0, "steps": 0.0}
+        self.phases = {"forward": 0.0, "backward": 0.0}  # for the step's phase clock
 
     # ------------------------------------------------------------ building
     @property
@@ -148,6 +149,12 @@ class PipelineStrategy(Strategy):
 
     def _add(self, kind: str, seconds: float) -> None:
         self.times[kind] += seconds
+        self.phases["forward" if kind == "F" else "backward"] += seconds
+
+    def take_phase_seconds(self) -> dict[str, float]:
+        """The stages' forward and backward (input and weight) seconds since the last call."""
+        taken, self.phases = self.phases, {"forward": 0.0, "backward": 0.0}
+        return taken
 
     # ------------------------------------------------------------ each step
     def _dispatch(self, *args: Any, **kwargs: Any) -> Any:

@@ -189,6 +189,11 @@ class Strategy:
         any communication (the gradient noise scale's small-batch gradient). Plans that
         cannot see it do nothing."""
 
+    def take_phase_seconds(self) -> dict[str, float]:
+        """Seconds of the step's phases ("forward", "backward") this plan timed itself
+        since the last call: a pipeline schedule runs them inside one call."""
+        return {}
+
     def take_local_grad_sq(self) -> torch.Tensor | None:
         """|g_local|^2 the armed probe measured (None: not measured), and disarm."""
         return None

@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
-from tandem.config import Config, parse_ramp
+from tandem.config import Config, parse_mix, parse_ramp
 from tandem.data.batches import BatchPlan
 from tandem.data.loader import collate_of, train_batches
 from tandem.data.memory import held
+from tandem.data.mixture import MixedDataset
 from tandem.data.sampler import Cursor, GlobalBatchSampler, check_sizes
 from tandem.data.seqlen import SeqRamp
 from tandem.losses import training_task
@@ -29,6 +30,14 @@ class RunData:
     dataset: Any
     eval_dataset: Any | None
     collate: Callable[[list[Any]], Any]  # how a micro-batch's samples become a batch
+    # The epoch's sample order when the dataset gives its own (a mixture's), else None.
+    order: Callable[[int, int], torch.Tensor] | None = None
+
+    def first_ids(self, micro: int, seed: int) -> list[int]:
+        """The samples of the run's first micro-batch (the preflight check's batch)."""
+        if self.order is None:
+            return list(range(micro))
+        return self.order(seed, 0)[:micro].tolist()
 
 
 def build_data(task: Task, config: Config, dp_size: int) -> RunData:
@@ -60,6 +69,15 @@ def build_data(task: Task, config: Config, dp_size: int) -> RunData:
     train_task = training_task(task, train.label_smoothing)
     dataset = task.train_data()
     preflight.check_dataset(dataset, "train_data")
+    if config.data.mix:
+        dataset = _remixed(dataset, config.data.mix)
+    order = None
+    if isinstance(dataset, MixedDataset):
+        if task.collate is not None:
+            raise ValueError("Task.collate: a tandem.Mixture collates each source's samples "
+                             "with its own dataset's collate_fn; leave Task.collate None and "
+                             "give a source's dataset a collate_fn where it needs one")
+        order = dataset.epoch_order
     collate = collate_of(dataset, task.collate)
     dataset = held(dataset, config.data, "train_data", collate)
     for size in batches.sizes:
@@ -67,9 +85,22 @@ def build_data(task: Task, config: Config, dp_size: int) -> RunData:
     eval_dataset = task.eval_data() if task.eval_data is not None else None
     if eval_dataset is not None:
         preflight.check_dataset(eval_dataset, "eval_data")
-        eval_dataset = held(eval_dataset, config.data, "eval_data",
-                            collate_of(eval_dataset, task.collate))
-    return RunData(batches, train_task, dataset, eval_dataset, collate)
+        if not isinstance(eval_dataset, MixedDataset):  # evaluated per source, as it is
+            eval_dataset = held(eval_dataset, config.data, "eval_data",
+                                collate_of(eval_dataset, task.collate))
+    return RunData(batches, train_task, dataset, eval_dataset, collate, order)
+
+
+def _remixed(dataset: Any, mix: str) -> MixedDataset:
+    """The mixture with data.mix's shares."""
+    if not isinstance(dataset, MixedDataset):
+        raise ValueError(f"data.mix: {mix!r} sets the shares of a tandem.Mixture; this task's "
+                         f"train_data is a {type(dataset).__name__}: leave data.mix empty")
+    weights, temperature = parse_mix(mix)
+    try:
+        return dataset.reweighted(weights, temperature)
+    except ValueError as err:
+        raise ValueError(f"data.mix: {err}") from None
 
 
 def micro_batches(data: RunData, config: Config, dp_rank: int, cursor: Cursor, step: int,
@@ -80,7 +111,7 @@ def micro_batches(data: RunData, config: Config, dp_rank: int, cursor: Cursor, s
     sampler = GlobalBatchSampler(
         dataset_len=len(data.dataset), global_batch=plan.global_batch, accum=plan.accum,
         rank=dp_rank, world_size=plan.dp_size, seed=config.run.seed, cursor=cursor,
-        batch_at=plan.size_at if plan.ramp else None, step=step)
+        batch_at=plan.size_at if plan.ramp else None, step=step, order=data.order)
     batches = train_batches(data.dataset, sampler, config.data, device, data.collate)
     if config.train.seq_ramp:
         batches = SeqRamp(config.train.seq_ramp).apply(batches, now)

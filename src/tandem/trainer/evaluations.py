@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from tandem import checkpoint
@@ -12,7 +13,9 @@ from tandem.checkpoint import CheckpointManager
 from tandem.components import Chain
 from tandem.config import Config
 from tandem.config_values import target_met
-from tandem.monitor.catalogue import EVAL_LOSS, LOSS
+from tandem.data.loader import batch_size
+from tandem.data.mixture import MixedDataset, Mixture, Source
+from tandem.monitor.catalogue import EVAL_LOSS, LOSS, TASK_EVAL_LOSS, task_kind, task_metric
 from tandem.monitor.progress import Reporter
 from tandem.parallel.mesh import Layout
 from tandem.parallel.strategy import Strategy
@@ -49,10 +52,35 @@ class Evaluations:
         if self.dataset is None:
             return {}
         with self.components.evaluating():
-            values = evaluate(self.task, self.strategy.module, self.dataset, self.runtime,
-                              self.config.train.eval_batch, self.config.data,
-                              self.precision, self.layout, views=self.config.train.eval_views)
+            if isinstance(self.dataset, MixedDataset):
+                values = self._per_source(self.dataset)
+            else:
+                values = self._evaluate(self.task, self.dataset)
         return {EVAL_LOSS if k == LOSS else k: v for k, v in values.items()}
+
+    def _evaluate(self, task: Task, dataset: Any) -> dict[str, float]:
+        return evaluate(task, self.strategy.module, dataset, self.runtime,
+                        self.config.train.eval_batch, self.config.data, self.precision,
+                        self.layout, views=self.config.train.eval_views)
+
+    def _per_source(self, mixed: MixedDataset) -> dict[str, float]:
+        """A mixture's evaluation: each source's data on its own, with its loss and
+        metrics (task/NAME/...); the task's loss and metrics over all of them, each source
+        weighted by its samples."""
+        overall: dict[str, float] = {}
+        out: dict[str, float] = {}
+        total = len(mixed)
+        for k, source in enumerate(mixed.mixture.sources):
+            own = {task_metric(source.name, name): _seen_by(source, fn)
+                   for name, fn in source.metrics.items()}
+            values = self._evaluate(replace(self.task, metrics={**self.task.metrics, **own}),
+                                    mixed.part(k))
+            out[task_metric(source.name, task_kind(TASK_EVAL_LOSS))] = values[LOSS]
+            out |= {name: values[name] for name in own}
+            share = mixed.sizes[k] / total
+            for name in [LOSS, *self.task.metrics]:
+                overall[name] = overall.get(name, 0.0) + values[name] * share
+        return {**overall, **out}
 
     def run(self, step: int, progress: Progress, reporter: Reporter, clock: RunClock) -> bool:
         """Evaluate now; record it; return whether the target was reached by it."""
@@ -94,6 +122,24 @@ class Evaluations:
                              f"committed ({checkpoints.root}); fix the evaluation and run "
                              "the same command again: it evaluates without training again")
             raise
+
+
+def by_source(dataset: Any) -> list[str]:
+    """What evaluating a mixture's data produces of each source (task/NAME/eval_loss and
+    task/NAME/METRIC); nothing for another dataset."""
+    if not isinstance(dataset, MixedDataset):
+        return []
+    return [task_metric(s.name, what) for s in dataset.mixture.sources
+            for what in (task_kind(TASK_EVAL_LOSS), *s.metrics)]
+
+
+def _seen_by(source: Source, metric: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    """`metric` of one source, called on a batch of that source alone: on its head of the
+    outputs and on its own collated samples."""
+    def seen(outputs: Any, batch: Any) -> Any:
+        return metric(Mixture.outputs_of(source, outputs, 0, batch_size(batch)),
+                      batch.parts[source.name])
+    return seen
 
 
 def _commit(checkpoints: CheckpointManager, step: int, save: Callable[[], None]) -> str | None:

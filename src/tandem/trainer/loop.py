@@ -30,7 +30,7 @@ from tandem.task import Task
 from tandem.trainer import preflight, restore
 from tandem.trainer.calibration import Calibration
 from tandem.trainer.data import build_data, micro_batches
-from tandem.trainer.evaluations import Evaluations
+from tandem.trainer.evaluations import Evaluations, by_source
 from tandem.trainer.export import exported
 from tandem.trainer.guard import PreemptionFlag, agree, stop_committed
 from tandem.trainer.precision import Precision
@@ -79,9 +79,11 @@ class Trainer:
                                    self.batches.size_at if self.batches.ramp else None)
             self.precision = Precision(config.precision, runtime.device)
             target = parse_target(config.train.target) if config.train.target else None
-            preflight.check_target(target, task.metrics, data.eval_dataset is not None)
-            batch = preflight.first_batch(data.dataset, list(range(self.batches.micro)),
-                                          data.collate)
+            preflight.check_target(
+                target, {**task.metrics, **dict.fromkeys(by_source(data.eval_dataset))},
+                data.eval_dataset is not None)
+            batch = preflight.first_batch(
+                data.dataset, data.first_ids(self.batches.micro, config.run.seed), data.collate)
         # Before any forward: FSDP2 leaves its unsharded parameters registered after one.
         self.components.setup(RunParts(self.model, self.strategy.module, self.optimizer,
                                        runtime.device, self.strategy.weights_replaced))

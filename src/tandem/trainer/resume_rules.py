@@ -4,10 +4,10 @@ Free on resume: how long and how the run goes (train.steps under a schedule that
 not depend on it, evaluation and checkpoint cadence, world size, plan, data loading,
 monitoring, fault handling, the target). Guarded: what changes the training math from
 the step it resumes at (the global batch and its ramp, the seed and with it the sample
-order, the precision, the schedule's shape, and train.steps when the schedule is
-stretched over it, the optimizer's own settings). A guarded change is refused with a
-table of old vs new values unless `run.allow_changes` names it (or is "all"); an
-allowed one is applied with the same table as a warning.
+order, a mixture's shares (data.mix), the precision, the schedule's shape, and
+train.steps when the schedule is stretched over it, the optimizer's own settings). A
+guarded change is refused with a table of old vs new values unless `run.allow_changes`
+names it (or is "all"); an allowed one is applied with the same table as a warning.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tandem.errors import UsageError
 from tandem.optim.schedule import lr_multiplier
 
 GUARDED = ("train.global_batch", "train.batch_ramp", "run.seed", "precision.mode",
-           "train.label_smoothing", "train.seq_ramp")
+           "train.label_smoothing", "train.seq_ramp", "data.mix")
 GUARDED_SECTIONS = ("optim",)
 OPTIMIZER = "optimizer"  # the pseudo-key of the optimizer's type and settings
 IGNORED_GROUP_KEYS = ("params", "lr", "initial_lr")  # lr is the schedule's, every step

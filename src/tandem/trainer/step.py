@@ -98,6 +98,8 @@ class StepRunner:
         probe = p.config.monitor.timing and p.monitor.wants_update_ratio(step)
         total = strategy.forward_backward(Drawn(self, batches, accum, step), self.loss_of,
                                           self.backward, probe=probe)
+        for phase, seconds in strategy.take_phase_seconds().items():
+            clock.add(phase, seconds)
         # How long backward waited after this rank's last gradient was ready: the
         # all-reduce it could not hide, and the wait for slower ranks.
         clock.interval("comm_tail", strategy.take_comm_mark(), mark(self.on_device))

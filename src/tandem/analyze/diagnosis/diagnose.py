@@ -42,12 +42,16 @@ pipeline-bubble        ``pp/bubble`` (the stages' mean idle share) > BUBBLE_SHAR
                        at the stages' measured costs (`find_pipeline.py`)
 batch-scaling          ``grad_noise_scale`` was measured: what doubling the global
                        batch would save in steps (`find_scale.py`)
+task-stalls            a mixture's source whose ``task/NAME/loss`` fell by less than
+                       TASK_STALL (2%) or rose from the first third of at least
+                       TASK_MIN_WINDOWS (6) windows to the last, while another's fell
+                       by at least TASK_FALL (10%) (`find_tasks.py`)
 =====================  ==========================================================
 
 Severity is "high" when a share is at least twice its threshold (or on any non-finite
 value), "medium" past the threshold, "low" for compute-bound (where a run should be)
-and "info" for balanced. Findings come sorted by severity, then by size. Advice that
-needs a GPU is given only for runs on one.
+and "info" for balanced; a stalled task is "low", a rising one "medium". Findings come
+sorted by severity, then by size. Advice that needs a GPU is given only for runs on one.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ from tandem.analyze.diagnosis.find_ranks import (
     straggler,
 )
 from tandem.analyze.diagnosis.find_scale import batch_scaling
+from tandem.analyze.diagnosis.find_tasks import task_stalls
 from tandem.analyze.diagnosis.finding import (
     IN_MEMORY_DATA,
     NO_COMM,
@@ -116,6 +121,7 @@ def diagnose(metrics: Iterable[Metric], events: Iterable[Mapping[str, Any]] = ()
         found.append(health)
     if (scaling := batch_scaling(ctx)) is not None:
         found.append(scaling)
+    found += task_stalls(ctx)
     return sorted(found, key=lambda f: (SEVERITIES.index(f.severity),
                                         -float(f.evidence.get("share", 0.0))))
 

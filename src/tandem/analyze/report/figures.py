@@ -16,6 +16,8 @@ from tandem.monitor.catalogue import (
     MFU,
     SAMPLES_PER_S,
     STRAGGLER_SCORE,
+    TASK_LOSS,
+    TASK_SHARE,
     TIME_COMM_EXPOSED,
     TIME_COMPUTE,
     TIME_DATA,
@@ -25,6 +27,8 @@ from tandem.monitor.catalogue import (
     TIME_SYNC_WAIT,
     TOKENS_PER_S,
     TRAINING_CURVES,
+    split_task_metric,
+    task_kind,
 )
 
 T = TypeVar("T")
@@ -181,7 +185,18 @@ def headline(run: Mapping[str, Any], metrics: Sequence[Metric]) -> dict[str, Any
     out["rss_peak_bytes"] = max(rss) if rss else None
     for name in eval_names(groups):
         out[name] = last_finite(series_of(groups, name)[1])
+    training = {task_kind(TASK_LOSS), task_kind(TASK_SHARE)}
+    for name, (_, what) in task_names(groups).items():
+        if what not in training:  # each source's evaluation, after the task's own
+            out[name] = last_finite(series_of(groups, name)[1])
     return out
+
+
+def task_names(groups: Mapping[str, Sequence[Metric]]) -> dict[str, tuple[str, str]]:
+    """A mixture's figures of each source (task/<source>/<what>), by name, sorted: each
+    with its (source, what)."""
+    split = {n: split_task_metric(n) for n in sorted(groups)}
+    return {n: parts for n, parts in split.items() if parts is not None}
 
 
 def eval_names(groups: Mapping[str, Sequence[Metric]]) -> list[str]:

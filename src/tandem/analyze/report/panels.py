@@ -23,10 +23,16 @@ from tandem.monitor.catalogue import (
     MEM_CUDA_PEAK,
     MEM_CUDA_TOTAL,
     MEM_RSS,
+    PP_BUBBLE,
+    PP_BUBBLE_PREDICTED,
     SAMPLES_PER_S,
+    TASK_EVAL_LOSS,
+    TASK_LOSS,
+    TASK_SHARE,
     TIME_STEP,
     TOKENS_PER_S,
     UPDATE_RATIO,
+    task_kind,
 )
 
 Groups = Mapping[str, Sequence[Metric]]
@@ -95,6 +101,26 @@ def eval_panel(groups: Groups) -> str:
     return line_panel("Evaluation metrics", "data-eval", lines)
 
 
+def task_panels(groups: Groups) -> list[str]:
+    """A mixture's sources: each one's training and evaluation loss, and its own
+    evaluation metrics, one colour per source."""
+    names = figures.task_names(groups)
+    sources = sorted({source for source, _ in names.values()})
+    losses = {task_kind(TASK_LOSS): False, task_kind(TASK_EVAL_LOSS): True}  # dashed
+    loss_lines, metric_lines = [], []
+    for name, (source, what) in names.items():
+        color = svg.PALETTE[sources.index(source) % len(svg.PALETTE)]
+        line = svg.Line(f"{source} {what}", *figures.series_of(groups, name), color,
+                        dashed=losses.get(what, False))
+        if what in losses:
+            loss_lines.append(line)
+        elif what != task_kind(TASK_SHARE):
+            metric_lines.append(line)
+    return [line_panel("Loss by task", "data-task-loss", loss_lines,
+                       note="solid: training (window mean); dashed: evaluation"),
+            line_panel("Evaluation metrics by task", "data-task-metrics", metric_lines)]
+
+
 def throughput_panels(groups: Groups) -> list[str]:
     """Samples per second and, when recorded, tokens per second."""
     out = []
@@ -156,6 +182,24 @@ def memory_panel(groups: Groups) -> str:
             lines.append(svg.Line(label, steps, values, dashed=dashed))
     return line_panel("Memory", "data-memory", lines, unit="bytes", y_fmt=text.nbytes,
                       note="largest over ranks in each window")
+
+
+def pipeline_panel(groups: Groups) -> str:
+    """Each pipeline rank's idle share per window, measured and as the schedule's action
+    table predicts it from the stages' measured costs (dashed)."""
+    measured = figures.per_rank(groups.get(PP_BUBBLE, ()))
+    predicted = figures.per_rank(groups.get(PP_BUBBLE_PREDICTED, ()))
+    lines = []
+    for rank in sorted(measured):
+        for by_step, label, dashed in ((measured, "measured", False),
+                                       (predicted, "predicted", True)):
+            steps = sorted(by_step.get(rank, {}))
+            if steps:
+                lines.append(svg.Line(f"rank {rank} {label}", steps,
+                                      [by_step[rank][s] for s in steps], dashed=dashed))
+    return line_panel("Pipeline bubble", "data-pipeline", lines, unit="fraction",
+                      note="share of each step a rank's stages were idle; dashed: the "
+                           "schedule's prediction at the measured stage costs")
 
 
 def ranks_panel(groups: Groups) -> str:

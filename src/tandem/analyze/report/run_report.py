@@ -206,8 +206,9 @@ def render_html(store: RunStore, run_id: str) -> str:
     groups = figures.by_name(metrics)
     head = figures.headline(run, metrics)
     charts = [panels.loss_panel(groups, events), panels.eval_panel(groups),
-              *panels.throughput_panels(groups), panels.phases_panel(groups),
-              panels.ranks_panel(groups), panels.memory_panel(groups),
+              *panels.task_panels(groups), *panels.throughput_panels(groups),
+              panels.phases_panel(groups), panels.ranks_panel(groups),
+              panels.pipeline_panel(groups), panels.memory_panel(groups),
               *panels.optimizer_panels(groups)]
     charts = [c for c in charts if c]
     summary = run.get("summary") or {}

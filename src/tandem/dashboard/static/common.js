@@ -21,7 +21,11 @@ T.label = (name) => {
   name = String(name);
   if (Object.hasOwn(L.labels, name)) return L.labels[name];
   if (name.includes(".") || name.includes(" ")) return name;  // a config key, or words
-  const tail = name.split("/").pop();
+  // A mixture source's figure (task/<source>/<what>): the source's name, then the words.
+  const task = T.catalogue && T.catalogue.names.TASK_PREFIX;
+  const parts = name.split("/");
+  if (task && name.startsWith(task) && parts.length > 2) return `${parts[1]} ${T.label(parts.slice(2).join("/"))}`;
+  const tail = parts.pop();
   for (const [suffix, unit] of L.suffixes) {
     if (tail.endsWith(suffix) && tail.length > suffix.length) {
       const stem = tail.slice(0, -suffix.length).replaceAll("_", " ");

@@ -13,8 +13,14 @@
   const unit = (name) => (C.metrics[name] || {}).unit;
   T.run = run; T.events = d.events; T.segments = d.segments; T.lines = {}; T.heat = {};
 
+  // A mixture's figures of each source (task/<source>/<what>): <what>, or "" for others.
+  const taskWhat = (name) => name.startsWith(M.TASK_PREFIX) ? name.split("/").slice(2).join("/") : "";
+  const TASK_LOSSES = new Set([M.TASK_LOSS, M.TASK_EVAL_LOSS].map(taskWhat));
   // Where a metric is drawn: [chart id, section, title]; null: only in a heatmap.
   const place = (name) => {
+    const what = taskWhat(name);
+    if (TASK_LOSSES.has(what)) return ["task-loss", "curves", "loss by task (training, evaluation)"];
+    if (what && what !== taskWhat(M.TASK_SHARE)) return ["task-metrics", "curves", "evaluation metrics by task"];
     if (name === M.LOSS || (!name.includes("/") && !TRAINING.has(name) && name.includes(M.LOSS))) return ["loss", "curves", "loss"];
     if (name === M.SAMPLES_PER_S) return ["throughput", "curves", `throughput (${unit(M.SAMPLES_PER_S)})`];
     if (name === M.TOKENS_PER_S) return ["tokens", "curves", `throughput (${unit(M.TOKENS_PER_S)})`];
@@ -25,7 +31,7 @@
     if (!name.includes("/") || TRAINING.has(name)) return [name, "curves", T.label(name)];
     return [name, "other", T.label(name)];
   };
-  const order = (name) => name === M.LOSS ? 0 : (!name.includes("/") && !TRAINING.has(name)) ? 1
+  const order = (name) => name === M.LOSS ? 0 : ((!name.includes("/") && !TRAINING.has(name)) || taskWhat(name)) ? 1
     : name === M.SAMPLES_PER_S ? 2 : name === M.TOKENS_PER_S ? 3 : 4;
   const withMarkers = new Set(["loss", "throughput", "tokens"]);
 

@@ -1,0 +1,72 @@
+"""The machines a plan is made for: devices, their memory and speed, and the links.
+
+A preset names a common shape (`8xH100-80GB`: one node of eight; `64xH100-80GB`: eight
+nodes of eight); `cpu` is this host, one process per core, its measured matmul rate.
+Data-sheet rates are dense bf16 peaks; links are per device, one way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import psutil
+
+GB = 1e9
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Machine:
+    """`devices` in nodes of `per_node`, each with `memory` bytes and `peak` FLOP/s;
+    `intra` and `inter` the bytes/s a device sends within and across nodes."""
+
+    name: str
+    devices: int
+    per_node: int
+    memory: float
+    peak: float
+    intra: float
+    inter: float
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.devices // self.per_node)
+
+
+# kind: (memory bytes, bf16 peak FLOP/s, NVLink bytes/s per device, network bytes/s per device)
+GPUS = {
+    "H100-80GB": (80 * GIB, 989e12, 450 * GB, 50 * GB),
+    "H100-96GB": (96 * GIB, 989e12, 450 * GB, 50 * GB),
+    "H200-141GB": (141 * GIB, 989e12, 450 * GB, 50 * GB),
+    "A100-80GB": (80 * GIB, 312e12, 300 * GB, 25 * GB),
+    "A100-40GB": (40 * GIB, 312e12, 300 * GB, 25 * GB),
+}
+PER_NODE = 8
+
+
+def parse_machine(text: str) -> Machine:
+    """`NxKIND` (e.g. 8xH100-80GB, 64xA100-40GB; nodes of 8) or `cpu` (this host)."""
+    if text == "cpu":
+        return this_host()
+    match = re.fullmatch(r"(\d+)x(.+)", text)
+    if not match or match.group(2) not in GPUS or int(match.group(1)) < 1:
+        raise ValueError(f"--machine {text!r}: give NxKIND with KIND one of "
+                         f"{', '.join(GPUS)} (e.g. 8xH100-80GB), or cpu")
+    count = int(match.group(1))
+    memory, peak, intra, inter = GPUS[match.group(2)]
+    return Machine(text, count, min(count, PER_NODE), memory, peak, intra, inter)
+
+
+def this_host() -> Machine:
+    """One process per core; each gets an equal share of the memory; the matmul rate
+    measured here (fp32, one thread) is each one's peak; gloo over loopback."""
+    import torch
+
+    from tandem.monitor.flops import peak_flops
+
+    cores = len(os.sched_getaffinity(0))
+    peak, _ = peak_flops(torch.device("cpu"), "fp32")
+    memory = psutil.virtual_memory().total / cores
+    return Machine("cpu", cores, cores, memory, peak, 2 * GB, 2 * GB)

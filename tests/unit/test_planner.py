@@ -1,0 +1,118 @@
+"""`tandem plan`: the meta-device profile against hand-counted figures, the memory and
+time model against its formulas, and the command end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tandem.planner.layouts import Layout, Setting, estimate, plan, stages
+from tandem.planner.machine import GIB, Machine, parse_machine
+from tandem.planner.profile import profile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+def _profile():  # noqa: ANN202
+    return profile(Mlp, torch.randn(3, 8), 3, lambda m, b: m(b).square().mean())
+
+
+def test_profile_counts_parameters_flops_and_saved_activations_per_sample() -> None:
+    units = {u.name: u for u in _profile().units}
+    # Linear(8,16): 8*16+16 parameters, 2*8*16 FLOPs, keeps its input (8 floats);
+    # ReLU keeps its output (16 floats), which is also the second Linear's input (kept
+    # once); the loss's square keeps the 4 outputs (counted with the last unit).
+    assert (units["blocks.0"].params, units["blocks.0"].flops) == (144, 256)
+    assert units["blocks.0"].saved_bytes == 8 * 4
+    assert units["blocks.1"].saved_bytes == 16 * 4
+    assert (units["blocks.2"].params, units["blocks.2"].flops) == (68, 2 * 16 * 4)
+    assert units["blocks.2"].saved_bytes == 4 * 4
+    assert not any(p.device.type != "cpu" for p in Mlp().parameters())  # nothing leaked
+
+
+def test_attention_counts_as_a_fused_kernel() -> None:
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([nn.Linear(8, 24, bias=False), nn.Identity()])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.blocks[0](x).view(1, 6, 3, 2, 4).unbind(2)
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    unit = profile(Attn, torch.randn(1, 6, 8), 1, lambda m, b: m(b).sum()).units[0]
+    # q, k, v, the output (2 heads x 6 positions x 4) and one float per query and head;
+    # plus the Linear's input (6 x 8). Never the 2 x 6 x 6 probabilities.
+    assert unit.saved_bytes == (4 * 48 + 12 + 48) * 4
+    assert unit.flops == 2 * 6 * 8 * 24 + 2 * (48 * 6 + 48 * 6)
+
+
+def test_state_memory_splits_over_fsdp_and_tp_as_the_formulas_say() -> None:
+    prof = _profile()
+    machine = Machine("test", 4, 4, 1 * GIB, 1e9, 1e9, 1e9)
+    setting = Setting(global_batch=8, optimizer_states=2, bf16=False, efficiency=0.5)
+    params = 144 + 68
+    one = estimate(prof, Layout(1, 1, 1, 1, 8, False), machine, setting)
+    assert one.memory["weights"] == params * 4 and one.memory["optimizer"] == params * 8
+    sharded = estimate(prof, Layout(1, 1, 4, 1, 2, False), machine, setting)
+    assert sharded.memory["weights"] == params * 4 / 4
+    assert sharded.memory["gathered"] == (144 + 68) * 4  # the two largest units, fp32
+    # One process: 3 x forward FLOPs per sample x 8 samples at half of 1 GFLOP/s.
+    assert one.step_s == pytest.approx(3 * (256 + 128) * 8 / 0.5e9)
+
+
+def test_pipeline_stages_balance_the_slowest_and_keep_micro_batches_in_flight() -> None:
+    prof = _profile()
+    cut = stages(prof, 2)
+    # Forward FLOPs 256, 0 (the ReLU), 128: the slowest stage cannot go below 256.
+    assert [[u.name for u in s] for s in cut] == [["blocks.0"], ["blocks.1", "blocks.2"]]
+    machine = Machine("test", 2, 2, 1 * GIB, 1e9, 1e9, 1e9)
+    setting = Setting(global_batch=8, optimizer_states=2, bf16=False, efficiency=0.5)
+    pipe = estimate(prof, Layout(2, 1, 1, 1, 2, False), machine, setting)
+    # The first stage needs most (its 144 parameters' state): 1F1B keeps min(m, pp) = 2
+    # of its micro-batches of 2 samples in flight, each keeping 8 floats a sample.
+    assert pipe.memory["activations"] == 2 * 2 * 8 * 4
+    # The slowest stage's compute x (m + pp - 1) / m, m = 4.
+    assert pipe.time_parts["compute"] == pytest.approx(3 * 256 * 8 / 0.5e9 * 5 / 4)
+    refused = estimate(prof, Layout(2, 1, 1, 1, 8, False), machine, setting)
+    assert not refused.fits and "fewer than the 2 stages" in refused.why
+
+
+def test_a_layout_that_does_not_fit_says_how_much_it_needs() -> None:
+    prof = _profile()
+    tiny = Machine("tiny", 1, 1, 1000.0, 1e9, 1e9, 1e9)
+    found = plan(prof, tiny, Setting(8, 2, False, 0.5))
+    assert not found[0].fits and "GiB per device" in found[0].why
+
+
+def test_machine_names_are_checked() -> None:
+    machine = parse_machine("64xH100-80GB")
+    assert (machine.devices, machine.per_node, machine.nodes) == (64, 8, 8)
+    with pytest.raises(ValueError, match="NxKIND"):
+        parse_machine("8xTPU")
+
+
+@pytest.mark.timeout(120)
+def test_plan_command_lists_layouts_for_a_llama_8b_on_eight_gpus() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tandem.cli", "plan", str(ROOT / "examples" / "llm_plan.py"),
+         "--task", "llama3_8b", "--global-batch", "16", "--machine", "8xH100-80GB"],
+        capture_output=True, text=True, timeout=110, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "8,030.3 M parameters" in out.stdout
+    assert "fsdp8" in out.stdout and "yes" in out.stdout
