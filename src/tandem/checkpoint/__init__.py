@@ -21,8 +21,8 @@ from tandem.checkpoint.errors import CheckpointError
 from tandem.checkpoint.load import latest, load, read_meta, set_aside
 from tandem.checkpoint.manager import CheckpointManager, Stateful
 from tandem.checkpoint.save import save
-from tandem.checkpoint.state import ModelWeights, OptimizerState, PerRank, capture, restore
+from tandem.checkpoint.state import ModelWeights, OptimizerState, capture, restore
 
-__all__ = ["CheckpointError", "CheckpointManager", "ModelWeights", "OptimizerState", "PerRank",
+__all__ = ["CheckpointError", "CheckpointManager", "ModelWeights", "OptimizerState",
            "Stateful", "capture", "latest", "load", "read_meta", "restore", "save",
            "set_aside"]

@@ -93,34 +93,3 @@ class OptimizerState:
                 state = {**state, "param_groups": [
                     {**g, "params": o["params"]} for g, o in zip(groups, own, strict=False)]}
         _dcp_state().set_optimizer_state_dict(self.model, self.optimizer, state)
-
-
-class PerRank:
-    """A state that differs between ranks (a replica's optimizer moments between
-    meetings), kept under each rank's own key: every rank saves and loads its own.
-
-    The plain values of a checkpoint (JSON) are the first process's; the ranks share
-    their layout (the same parameter groups), so this rank's tensors are laid over them.
-    Resuming needs the world size the checkpoint was written with (DCP names the keys
-    a rank of another size misses)."""
-
-    def __init__(self, inner: Any, rank: int) -> None:
-        self.inner, self.key = inner, f"rank{rank}"
-
-    def state_dict(self) -> dict[str, Any]:
-        """{"rank<r>": the state of this rank}."""
-        return {self.key: self.inner.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore this rank's part of `state_dict` output."""
-        # A rank whose state holds no tensor (plain SGD) has only the first rank's values.
-        self.inner.load_state_dict(_overlay(state.get("rank0"), state.get(self.key)))
-
-
-def _overlay(plain: Any, own: Any) -> Any:
-    """`own` (this rank's loaded tensors, or its whole state) with the plain values of
-    `plain` (the first rank's) filled in where `own` has none."""
-    if isinstance(plain, dict) and isinstance(own, dict):
-        return {**plain, **{k: _overlay(plain.get(k), v) for k, v in own.items()}}
-    return plain if own is None else own
-

@@ -221,6 +221,12 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict` output."""
 
+    def keep_per_replica(self, name: str, state: Any) -> None:
+        """A state that replicas hold differently between meetings (the optimizer's
+        moments, a `Stateful`): a plan whose checkpoints hold every replica keeps each
+        rank's own in its state (and restores it after the run's own section); others
+        ignore it."""
+
     def export_model(self, build: Build) -> nn.Module | None:
         """The trained weights in a plain module that no process group owns.
 

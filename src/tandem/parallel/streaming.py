@@ -23,10 +23,12 @@ tau = 0 is DiLoCo. After the run's last step every fragment in flight is merged 
 fragment not replaced at that step meets once more, blocking, and replaces, so all ranks
 end with the same model (DiLoCo forces a last meeting too).
 
-Checkpoints hold the outer parameters and momentum, every rank's own replica (under its
-rank's keys: replicas differ between meetings) and every fragment in flight: its sum is
-waited for at the save and merged at its own step after a resume, so a resumed run is
-the uninterrupted one. A resume needs the world size the checkpoint was written with.
+Checkpoints hold the outer parameters and momentum, every rank's own replica and
+optimizer state (under its rank's keys: replicas differ between meetings; the run's own
+model and optimizer sections hold, tensor by tensor, any one rank's) and every fragment in
+flight: its sum is waited for at the save and merged at its own step after a resume, so a
+resumed run is the uninterrupted one. A resume needs the world size the checkpoint was
+written with.
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ class StreamingSync:
                 views, p * every // fragments, outer, torch.zeros_like(outer),
                 torch.zeros_like(outer), [v.numel() for v in views]))
         self.in_flight: dict[int, InFlight] = {}
+        self.per_replica: dict[str, Any] = {}  # states each rank keeps its own of
         self._reset_counters()
 
     def _reset_counters(self) -> None:
@@ -223,9 +226,10 @@ class StreamingSync:
                 job.sum = None
         frags = {str(p): {"outer": f.outer, "velocity": f.velocity, "inbox": f.inbox}
                  for p, f in enumerate(self.fragments)}
-        # Copies: the model's own section holds the same tensors, and a load into one
-        # storage from two sections would keep whichever came last.
-        replica = {str(i): t.detach().clone() for i, t in enumerate(self.tensors)}
+        # Copies: the run's own model and optimizer sections hold the same tensors, and a
+        # load into one storage from two sections would keep whichever came last.
+        held = {name: state.state_dict() for name, state in self.per_replica.items()}
+        replica = _cloned({"weights": dict(enumerate(self.tensors)), **held})
         return {"fragments": frags, f"replica{self.rank}": replica,
                 "due": {str(p): job.due for p, job in self.in_flight.items()},
                 "replaced": [f.replaced for f in self.fragments], "world": self.world}
@@ -244,10 +248,33 @@ class StreamingSync:
         replica = state[f"replica{self.rank}"]
         with torch.no_grad():
             for i, t in enumerate(self.tensors):
-                t.copy_(replica[str(i)])
+                t.copy_(replica["weights"][str(i)])
+        for name, held in self.per_replica.items():
+            # The checkpoint's plain values (JSON) are the first rank's; the ranks share
+            # their layout (the same parameter groups): this rank's tensors go over them.
+            held.load_state_dict(_overlay(state["replica0"].get(name), replica.get(name)))
         now = time.perf_counter()
         self.in_flight = {int(p): InFlight(int(due), None, now, now)
                           for p, due in state["due"].items()}
+
+
+def _cloned(tree: Any) -> Any:
+    """`tree` with every tensor copied (and int keys as strings)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {str(k): _cloned(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_cloned(v) for v in tree)
+    return tree
+
+
+def _overlay(plain: Any, own: Any) -> Any:
+    """`own` (this rank's loaded tensors, or its whole state) with the values of `plain`
+    (the first rank's) filled in where `own` has none."""
+    if isinstance(plain, dict) and isinstance(own, dict):
+        return {**plain, **{k: _overlay(plain.get(k), v) for k, v in own.items()}}
+    return plain if own is None else own
 
 
 class StreamingDiLoCoStrategy(Strategy):
@@ -284,6 +311,11 @@ class StreamingDiLoCoStrategy(Strategy):
         """Restore `state_dict` output."""
         assert self.sync is not None, "wrap() first"
         self.sync.load_state_dict(state)
+
+    def keep_per_replica(self, name: str, state: Any) -> None:
+        """Keep this rank's own `state` (the optimizer's) in checkpoints."""
+        assert self.sync is not None, "wrap() first"
+        self.sync.per_replica[name] = state
 
     def describe(self) -> dict[str, object]:
         """Plan entries for the run record."""

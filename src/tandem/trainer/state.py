@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tandem.checkpoint import ModelWeights, OptimizerState, PerRank
+from tandem.checkpoint import ModelWeights, OptimizerState
 from tandem.components.base import Held, Stateful
 from tandem.data.sampler import Cursor
 from tandem.parallel.strategy import Strategy
@@ -83,11 +83,10 @@ def own_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strateg
     """The trainer's own states, listed like the components': all but the run's Progress
     go back with the weights in a rollback. The optimizer's state is keyed by the names
     the strategy gives its parameters (`Strategy.naming_module`). `skip_frozen`: the
-    weights' state leaves out frozen parameters (`ModelWeights`). Under a strategy whose
-    replicas differ between meetings, each rank keeps its own optimizer state."""
-    optim: Stateful = OptimizerState(strategy.naming_module(), optimizer)
-    if strategy.info.saves_replicas:
-        optim = PerRank(optim, strategy.runtime.rank)
+    weights' state leaves out frozen parameters (`ModelWeights`). The optimizer's state
+    is also handed to the strategy, which keeps each rank's own where replicas differ."""
+    optim = OptimizerState(strategy.naming_module(), optimizer)
+    strategy.keep_per_replica("optim", optim)
     return [Held("model", ModelWeights(model, skip_frozen), True),
             Held("optim", optim, True),
             Held("strategy", strategy, True), Held("precision", precision, True),
