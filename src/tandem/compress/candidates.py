@@ -5,7 +5,8 @@ short fine-tune each needs (`FineTune`).
 - low-rank: every Linear and ConvNd whose pair is smaller replaced by its truncated-SVD
   pair holding 50% or 25% of the layer's weights, then fine-tuned;
 - pruning: 25% or 50% of each coupled channel group masked at once (lowest group L2 norm;
-  the output layer's channels kept), fine-tuned with the masks held, then removed;
+  the output layer's channels kept, and groups tied to an embedding or a bare parameter,
+  such as a transformer's residual stream), fine-tuned with the masks held, then removed;
 - int8 PTQ: weights and inputs quantised, input ranges calibrated on training batches,
   converted, no training;
 - int8 QAT: fake-quantised, fine-tuned (ranges followed while training), converted.
@@ -105,9 +106,11 @@ def pruned(model: nn.Module, ratio: float, inputs: Sequence[torch.Tensor],
     """`ratio` of each channel group masked, fine-tuned with the masks held, removed."""
     out = copy.deepcopy(model)
     example = inputs[0] if len(inputs) == 1 else tuple(inputs)
-    keep = output_layer(out, inputs)
+    head = output_layer(out, inputs)
     graph = prune.graph(out, example)
-    masked = prune.choose(out, example, ratio, keep=(keep,) if keep else (), dep_graph=graph)
+    keep = (head,) if head else ()
+    keep += tuple(prune.tied(out, example, keep, graph))
+    masked = prune.choose(out, example, ratio, keep=keep, dep_graph=graph)
     if not any(masked.values()):
         raise ValueError("no channel group to prune")
     prune.apply(out, example, masked, graph)
