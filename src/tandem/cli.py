@@ -1,4 +1,4 @@
-"""The `tandem` command: run, config, runs, report, compare, tune, scheduler, compress,
+"""The `tandem` command: run, config, runs, report, compare, plan, tune, scheduler, compress,
 dashboard."""
 
 from __future__ import annotations
