@@ -12,7 +12,7 @@ from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager
 from tandem.components import Chain
 from tandem.config import Config
-from tandem.config_values import target_met
+from tandem.config.values import target_met
 from tandem.data.loader import batch_size
 from tandem.data.mixture import MixedDataset, Mixture, Source
 from tandem.monitor.catalogue import EVAL_LOSS, LOSS, TASK_EVAL_LOSS, task_kind, task_metric
