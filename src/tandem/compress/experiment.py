@@ -47,7 +47,7 @@ from tandem.compress.measure import (
     state_bytes,
     weights,
 )
-from tandem.config_values import parse_target
+from tandem.config.values import parse_target
 from tandem.task import Task
 from tandem.tune.stats import mean_interval
 
