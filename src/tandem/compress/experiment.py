@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import runpy
 import statistics
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +46,7 @@ from tandem.compress.measure import (
     weights,
 )
 from tandem.config.values import parse_target
-from tandem.task import Task
+from tandem.task import Task, module_task
 from tandem.tune.stats import mean_interval
 
 ORIGINAL = "original"
@@ -100,18 +98,7 @@ def locate(run: str, store: str | None, script: str | None) -> tuple[Path, Path]
 
 def task_of(script: Path, name: str | None) -> Task:
     """The Task the script defines at module level (imported, its main part not run)."""
-    sys.path.insert(0, str(script.resolve().parent))
-    found = runpy.run_path(str(script), run_name="__tandem_compress__")
-    tasks = {k: v for k, v in found.items() if isinstance(v, Task)}
-    if name is not None:
-        if name not in tasks:
-            raise ValueError(f"tandem compress: {script} has no module-level Task named "
-                             f"{name!r}; it has {sorted(tasks)}")
-        return tasks[name]
-    if len(tasks) != 1:
-        raise ValueError(f"tandem compress: {script} defines {len(tasks)} module-level "
-                         f"Tasks ({sorted(tasks)}); name one with --task")
-    return next(iter(tasks.values()))
+    return module_task(script, name, "tandem compress")
 
 
 def goal_of(task: Task, given: str | None, target: str) -> Goal:
