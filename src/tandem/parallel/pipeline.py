@@ -17,6 +17,8 @@ the whole model: the preflight check, evaluation and the exported module.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
@@ -32,6 +34,7 @@ from tandem.parallel.strategy import (
     Build,
     LossOf,
     MicroBatches,
+    Pass,
     Strategy,
     fresh_copy,
     plain_backward,
@@ -150,6 +153,15 @@ class PipelineStrategy(Strategy):
     def _add(self, kind: str, seconds: float) -> None:
         self.times[kind] += seconds
         self.phases["forward" if kind == "F" else "backward"] += seconds
+
+    @contextmanager
+    def calibrating(self, one_pass: Pass) -> Iterator[None]:
+        """The calibration's passes are not the window's: their stage times are dropped."""
+        times, phases = dict(self.times), dict(self.phases)
+        try:
+            yield
+        finally:
+            self.times, self.phases = times, phases
 
     def take_phase_seconds(self) -> dict[str, float]:
         """The stages' forward and backward (input and weight) seconds since the last call."""
