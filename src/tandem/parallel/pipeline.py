@@ -17,6 +17,7 @@ the whole model: the preflight check, evaluation and the exported module.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -198,10 +199,14 @@ class PipelineStrategy(Strategy):
         micro-batch `index` (the schedule takes tensors as targets, not batches)."""
         assert self.loss_of is not None
         self.mode, self.fed = "feed", output
+        started = time.perf_counter()
         try:
             loss = self.loss_of(self.batches[int(index)])
         finally:
             self.mode, self.fed = "", None
+        # The loss is the last stage's forward work, not idle time (the step's own phase
+        # clock counts it as forward already, through `loss_of`).
+        self.times["F"] += time.perf_counter() - started
         self.losses.append(loss.detach().float())
         return loss / self.micro
 
@@ -210,8 +215,6 @@ class PipelineStrategy(Strategy):
                          sync: bool = True) -> torch.Tensor:
         """The schedule's forward and backward passes over the step's micro-batches; the
         sum of their losses (from the last stage, on every rank). All ranks."""
-        import time
-
         batches = list(micro_batches)
         inputs = [self._capture(loss_of, b) for b in batches]
         if self.schedule is None or len(batches) != self.micro:
