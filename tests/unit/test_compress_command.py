@@ -75,6 +75,12 @@ def test_the_metric_and_its_direction_come_from_the_target_or_the_name() -> None
         goal_of(task, "bleu", "")
 
 
+def chosen_is_not(found: dict, name: str) -> bool:
+    return found["chosen"]["technique"] != name and any(
+        r["technique"] == name and r["why"].startswith("the control")
+        for r in found["rejected"])
+
+
 def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(1) == y).float().mean())
 
@@ -101,8 +107,10 @@ def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
     found = json.loads((out / "compress.json").read_text())
     assert found["original"]["accuracy"] == pytest.approx(original)
     figures = {c["technique"]: c for c in found["candidates"]}
-    assert set(figures) == {"lowrank-50%", "lowrank-25%", "prune-25%", "prune-50%",
-                            "int8-ptq", "int8-qat"}
+    assert set(figures) == {"finetuned", "lowrank-50%", "lowrank-25%", "prune-25%",
+                            "prune-50%", "int8-ptq", "int8-qat"}
+    assert figures["finetuned"]["params"] == 5508  # the control: never adopted
+    assert chosen_is_not(found, "finetuned")
     # hidden widths 64 -> 48 and 32, the 4 outputs kept; int8 keeps every weight
     assert figures["prune-25%"]["params"] == 16 * 48 + 48 + 48 * 48 + 48 + 48 * 4 + 4
     assert figures["prune-50%"]["params"] == 16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4
@@ -116,7 +124,8 @@ def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
     chosen = found["chosen"]
     assert original - chosen["interval"][0] <= 0.05 + 1e-9
     assert chosen["bytes"] < found["original"]["bytes"]
-    within = [c for c in found["candidates"] if original - c["interval"][0] <= 0.05 + 1e-9]
+    within = [c for c in found["candidates"] if original - c["interval"][0] <= 0.05 + 1e-9
+              and c["technique"] != "finetuned"]
     assert chosen["bytes"] == min(c["bytes"] for c in within)
     assert {r["technique"] for r in found["rejected"]} == set(figures) - {chosen["technique"]}
     assert chosen["file_bytes"] == (out / "model.pt2").stat().st_size

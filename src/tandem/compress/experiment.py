@@ -34,7 +34,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from tandem.compress.candidates import FineTune, candidates
+from tandem.compress.candidates import FINETUNED, FineTune, candidates
 from tandem.compress.measure import (
     BATCHES,
     LOSS,
@@ -134,6 +134,9 @@ def choose(rows: dict[str, dict[str, Any]], goal: Goal, budget: float,
     eligible = []
     for name, row in rows.items():
         if name == ORIGINAL:
+            continue
+        if name == FINETUNED:
+            why[name] = "the control (the original fine-tuned alike): never adopted"
             continue
         # Over seeds: the worse end of the 95% interval must be within the budget.
         low, high = row.get("interval") or (row["metric"], row["metric"])
