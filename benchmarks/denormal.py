@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 from mnist1d_model import MNIST1D, make_model, make_muon  # noqa: E402
 
-from tandem.config_schema import PlanConfig  # noqa: E402
+from tandem.config.schema import PlanConfig  # noqa: E402
 from tandem.runtime import start, stop  # noqa: E402
 
 

@@ -1,4 +1,5 @@
-"""The `tandem` command: run, config, runs, report, compare, tune, scheduler, dashboard."""
+"""The `tandem` command: run, config, runs, report, compare, plan, tune, scheduler, compress,
+dashboard."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
     from tandem.sched.service.command import add_arguments as scheduler_arguments
 
     scheduler_arguments(scheduler)
+    compress = sub.add_parser("compress", help="weigh compressed versions of a run's model "
+                              "against it and export the smallest within an accuracy budget")
+    from tandem.compress.command import add_arguments as compress_arguments
+
+    compress_arguments(compress)
     dashboard = sub.add_parser("dashboard", help="serve a live web view of the run store")
     from tandem.dashboard.command import add_arguments as dashboard_arguments
 
@@ -175,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             from tandem.sched.service.command import run as scheduler
 
             return scheduler(ns, console)
+        elif ns.command == "compress":
+            from tandem.compress.command import run as compress
+
+            return compress(ns, console)
         elif ns.command == "dashboard":
             from tandem.dashboard.command import run as dashboard
 

@@ -22,7 +22,6 @@ from tandem.components import Component
 from tandem.components.liveness import last_seen
 from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import PreflightError, UsageError
-from tandem.monitor.progress import Reporter, print_summary
 from tandem.monitor.recorder import Recorder, new_run_id
 from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
 from tandem.monitor.startup import STARTUP
@@ -33,6 +32,7 @@ from tandem.task import Task
 from tandem.trainer.evaluate import EvaluationError
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, StartupInterrupt
 from tandem.trainer.loop import Trainer
+from tandem.trainer.progress import Reporter, print_summary
 from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
 
 log = logging.getLogger("tandem")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import runpy
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,3 +124,23 @@ def default_forward(model: nn.Module, batch: Batch) -> Any:
                 "lambda model, batch: model(...) to say what the model takes")
         return model(batch["input"])
     return model(batch)
+
+
+def module_task(script: str | Path, name: str | None, command: str) -> Task:
+    """The Task `script` defines at module level (by `name` when it defines several), its
+    main part not run; `command` (e.g. "tandem plan") names the asker in errors."""
+    path = Path(script)
+    if not path.is_file():
+        raise ValueError(f"{command}: no script at {script}")
+    sys.path.insert(0, str(path.resolve().parent))  # the script's own imports
+    found = runpy.run_path(str(path), run_name="__tandem_module__")
+    tasks = {k: v for k, v in found.items() if isinstance(v, Task)}
+    if name is not None:
+        if name not in tasks:
+            raise ValueError(f"{command}: {script} has no module-level Task named {name!r}; "
+                             f"it has {sorted(tasks)}")
+        return tasks[name]
+    if len(tasks) != 1:
+        raise ValueError(f"{command}: {script} defines {len(tasks)} module-level Tasks "
+                         f"({sorted(tasks)}); name one with --task")
+    return next(iter(tasks.values()))

@@ -117,6 +117,33 @@ def test_pruned_channels_removed_give_the_masked_models_outputs() -> None:
     assert prune.cubic(5, 0.5, 0, 10) == pytest.approx(0.5 * (1 - 0.5 ** 3))
 
 
+class Residual(nn.Module):
+    """An embedding on a residual stream that a block adds to, then a hidden layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.block = nn.Linear(8, 8)
+        self.hidden = nn.Linear(8, 16)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        h = h + self.block(h)
+        return self.out(torch.relu(self.hidden(h)))
+
+
+def test_groups_tied_to_a_residual_stream_are_named_and_the_others_prune() -> None:
+    pytest.importorskip("torch_pruning", reason="torch-pruning is in the dev extra")
+    torch.manual_seed(4)
+    model, x = Residual(), torch.randint(0, 10, (5,))
+    assert prune.tied(model, x, keep=("out",)) == ["block"]
+    with pytest.raises(ValueError, match="Embedding is coupled to pruned channels"):
+        prune.apply(model, x, prune.choose(model, x, 0.5, keep=("out",)))
+    masked = prune.choose(model, x, 0.5, keep=("out", "block"))
+    assert {k: len(v) for k, v in masked.items()} == {"hidden": 8}
+
+
 def test_the_components_train_in_a_run(tmp_path) -> None:
     """QuantAware and ChannelPruning as run components of the toy task: the trained model
     comes back fake-quantised and converts; pruning reaches its share on schedule and the

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tandem.config_schema import PlanConfig
+from tandem.config.schema import PlanConfig
 from tandem.runtime import flush_denormals, start, stop
 
 SUBNORMAL = 1e-39  # below float32's smallest normal number, 1.18e-38

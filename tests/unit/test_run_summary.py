@@ -6,7 +6,7 @@ import time
 
 from rich.console import Console
 
-from tandem.monitor.progress import print_summary
+from tandem.trainer.progress import print_summary
 
 
 def test_times_of_day_print_as_dates_and_figures_as_numbers() -> None:

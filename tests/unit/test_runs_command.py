@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from tandem.cli import main
-from tandem.monitor.progress import Reporter
 from tandem.monitor.recorder import Recorder
 from tandem.monitor.store import RunStore
+from tandem.trainer.progress import Reporter
 from tandem.tune.trial import TrialRunner
 
 pytestmark = pytest.mark.timeout(60)

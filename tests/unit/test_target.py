@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tandem.config import parse_target
-from tandem.config_values import target_met
+from tandem.config.values import target_met
 
 
 def _reached(target: str, value: float) -> bool:

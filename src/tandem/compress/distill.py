@@ -12,7 +12,8 @@ term's gradient at the scale of the hard term's as T grows.
 
 The teacher is built once per process (`Task.teacher`, else `Task.model`), loaded from a
 tandem run, a checkpoint or safetensors (`train.distill_from`, through `run.init_from`'s
-loader) unless its factory returns it trained, moved to the run's device, put in eval
+loader; the weight average where the run kept one: the weights it evaluated) unless its
+factory returns it trained, moved to the run's device, put in eval
 mode with every parameter frozen, and kept beside the distributed model: no strategy
 wraps it (no gradient, so nothing to reduce), and every rank holds it whole. Its forward
 runs under `torch.no_grad` inside the step, on the micro-batch the student sees, and its
@@ -76,7 +77,8 @@ class Distill(Component):
         self.build, self.temperature, self.ratio = teacher, temperature, ratio
         self.forward = forward or default_forward
         # The source is checked at once, before any model is built.
-        self.loader = InitFrom(str(weights), field=FIELD) if str(weights) else None
+        self.loader = (InitFrom(str(weights), field=FIELD, average=True) if str(weights)
+                       else None)
         self.teacher: nn.Module | None = None
         self.checked = False
         self.in_step = False

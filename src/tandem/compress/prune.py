@@ -73,10 +73,32 @@ def _zero(group: Any) -> None:
             for tensor in (module.weight, module.bias):
                 if tensor is not None:
                     tensor.index_fill_(0, idxs, 0.0)
-        elif any(True for _ in module.parameters(recurse=False)):
+        elif not _maskable(module):
             raise ValueError(f"pruning: {type(module).__name__} is coupled to pruned channels "
                              "and has parameters tandem cannot mask; give its producer in "
                              "`keep`")
+
+
+def _maskable(module: Any) -> bool:
+    """Whether `_zero` can mask a coupled module's slices: a (plain) Linear or ConvNd, a
+    norm's affine entries, or a module without parameters of its own."""
+    if isinstance(module, ROOTS):
+        return getattr(module, "groups", 1) == 1
+    if isinstance(module, (nn.GroupNorm, nn.LayerNorm, nn.modules.batchnorm._NormBase)):
+        return True
+    if not isinstance(module, nn.Module):  # a bare parameter (a position table)
+        return False
+    return not any(True for _ in module.parameters(recurse=False))
+
+
+def tied(model: nn.Module, example: Any, keep: Sequence[str] = (),
+         dep_graph: Any = None) -> list[str]:
+    """Roots of the channel groups that couple a layer tandem cannot mask (an embedding or
+    a bare parameter on a residual stream: every block's output is tied to it), which
+    `keep` must name for the others to be pruned."""
+    dep_graph = dep_graph or graph(model, example)
+    return sorted(name for name, group in _groups(model, dep_graph, keep).items()
+                  if not all(_maskable(item.dep.target.module) for item in group))
 
 
 def choose(model: nn.Module, example: Any, ratio: float, keep: Sequence[str] = (),

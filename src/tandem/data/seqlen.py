@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tandem.config_values import parse_seq_ramp
+from tandem.config.values import parse_seq_ramp
 
 
 def cut(batch: Any, length: int) -> Any:

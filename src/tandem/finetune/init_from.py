@@ -122,10 +122,13 @@ class InitFrom(Component):
 
     restores_frozen = True
 
-    def __init__(self, source: str, partial: bool = False,
-                 field: str = "run.init_from") -> None:
+    def __init__(self, source: str, partial: bool = False, field: str = "run.init_from",
+                 average: bool = False) -> None:
         self.source = Path(source).expanduser()
         self.partial, self.field = partial, field  # `field`: the setting errors name
+        # From a checkpoint that holds a weight average (train.ema_decay): load the average,
+        # the weights that run evaluated and returned, in place of the raw weights.
+        self.average = average
         self.kind = kind_of(self.source, field)  # checked at once: before the model is built
         self.loaded: list[str] = []
 
@@ -203,7 +206,15 @@ class InitFrom(Component):
         keys, problems = match(shapes, source_shapes)
         found = report(path, problems, self.partial, self.field)
         subset = {k: own[k] for k in keys}
-        load(path, {"model": subset}, strict=False)  # DCP reshards into `subset`
+        prefix = "ema.weights."
+        averaged = {k[len(prefix):] for k in saved if k.startswith(prefix)} & set(keys)
+        if not self.average:
+            averaged = set()
+        wanted: dict[str, Any] = {"model": {k: v for k, v in subset.items()
+                                            if k not in averaged}}
+        if averaged:
+            wanted["ema"] = {"weights": {k: subset[k] for k in averaged}}
+        load(path, wanted, strict=False)  # DCP reshards into `subset`
         set_model_state_dict(module, subset, options=StateDictOptions(strict=False))
         self.loaded = keys
         return found

@@ -23,9 +23,9 @@ import torch.distributed as dist
 from tandem.monitor.calibrate import calibrate, link_cost
 from tandem.monitor.catalogue import COMM_ALLREDUCE_RATE, TIME_CALIBRATION
 from tandem.monitor.flops import step_signature
-from tandem.monitor.progress import Reporter
 from tandem.monitor.system import state_bytes
 from tandem.trainer.forward import forward_loss
+from tandem.trainer.progress import Reporter
 from tandem.trainer.step import StepParts
 
 log = logging.getLogger("tandem")

@@ -12,17 +12,17 @@ from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager
 from tandem.components import Chain
 from tandem.config import Config
-from tandem.config_values import target_met
+from tandem.config.values import target_met
 from tandem.data.loader import batch_size
 from tandem.data.mixture import MixedDataset, Mixture, Source
 from tandem.monitor.catalogue import EVAL_LOSS, LOSS, TASK_EVAL_LOSS, task_kind, task_metric
-from tandem.monitor.progress import Reporter
 from tandem.parallel.mesh import Layout
 from tandem.parallel.strategy import Strategy
 from tandem.runtime import Runtime
 from tandem.task import Task
 from tandem.trainer.evaluate import EvaluationError, evaluate
 from tandem.trainer.precision import Precision
+from tandem.trainer.progress import Reporter
 from tandem.trainer.state import Progress
 from tandem.trainer.timing import RunClock
 

@@ -18,7 +18,7 @@ from tandem.status import ExitStatus, RunStatus
 if TYPE_CHECKING:
     import torch
 
-    from tandem.monitor.progress import Reporter
+    from tandem.trainer.progress import Reporter
 
 
 log = logging.getLogger("tandem")

@@ -21,7 +21,6 @@ from tandem.data.loader import to_device
 from tandem.data.memory import load_seconds
 from tandem.monitor.catalogue import LOSS_SCALE, LR, TIME_CHECKPOINT_BLOCKING
 from tandem.monitor.live import LiveMonitor
-from tandem.monitor.progress import Reporter
 from tandem.optim import share_work
 from tandem.optim.schedule import LrController
 from tandem.parallel import build_strategy, plan_layout
@@ -34,6 +33,7 @@ from tandem.trainer.evaluations import Evaluations, by_source
 from tandem.trainer.export import exported
 from tandem.trainer.guard import PreemptionFlag, agree, stop_committed
 from tandem.trainer.precision import Precision
+from tandem.trainer.progress import Reporter
 from tandem.trainer.resumed import Resumed, optimizer_record
 from tandem.trainer.state import Progress, TrainState, own_states
 from tandem.trainer.step import StepParts, StepRunner

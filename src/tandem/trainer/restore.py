@@ -14,8 +14,8 @@ from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager
 from tandem.config import Config, FaultConfig, config_from_dict
 from tandem.errors import UsageError
-from tandem.monitor.progress import Reporter
 from tandem.trainer import resume_rules
+from tandem.trainer.progress import Reporter
 from tandem.trainer.resumed import Resumed
 from tandem.trainer.state import Progress
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tandem.monitor.progress import Reporter
+from tandem.trainer.progress import Reporter
 
 
 @dataclass(frozen=True)

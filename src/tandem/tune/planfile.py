@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tandem.config_schema import _toml_value
+from tandem.config.schema import _toml_value
 from tandem.tune.outcome import TuneResult
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tandem.config_schema import _toml_value
+from tandem.config.schema import _toml_value
 from tandem.forking.wire import FORKSERVER_ENV
 from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP
 from tandem.monitor.store import RunStore

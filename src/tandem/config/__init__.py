@@ -1,5 +1,5 @@
 """One configuration tree: TOML files and dotted command-line overrides read into the
-sections of `tandem.config_schema`, checked, and the script's command line."""
+sections of `tandem.config.schema`, checked, and the script's command line."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tandem.config_schema import (  # noqa: F401 - the sections, re-exported
+from tandem.config.schema import (  # noqa: F401 - the sections, re-exported
     CheckpointConfig,
     Config,
     DataConfig,
@@ -22,7 +22,7 @@ from tandem.config_schema import (  # noqa: F401 - the sections, re-exported
     RunConfig,
     TrainConfig,
 )
-from tandem.config_values import (  # noqa: F401 - re-exported
+from tandem.config.values import (  # noqa: F401 - re-exported
     parse_mix,
     parse_ramp,
     parse_seq_ramp,

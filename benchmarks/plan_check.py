@@ -1,0 +1,91 @@
+"""`tandem plan`'s predictions against measured runs of the char-LM on this host.
+
+    python benchmarks/plan_check.py [--steps 40]
+
+Five layouts on one or two processes (one process, DDP, FSDP, tensor parallel, a
+two-stage pipeline), fp32, global batch 32 in micro-batches of 8. Per layout it prints the
+planner's parameter, gradient and optimizer bytes per process against those the run
+measured (`mem/param_bytes` + `mem/grad_bytes` + `mem/optim_bytes`, rank 0), and its step
+time against the measured one (`time/step`, median of the windows after the first). The
+planner's efficiency (achieved share of peak) is set from the one-process run, so that
+run's time matches by construction; the other four are predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from _bench import (
+    CHAR_LM,
+    QUIET,
+    child_env,
+    run_checked,
+    steady,
+    table,
+    tandem_command,
+    window_values,
+)
+
+from tandem.monitor.catalogue import MEM_GRAD, MEM_OPTIM, MEM_PARAM, TIME_STEP
+from tandem.planner.command import load_task, model_profile, optimizer_states
+from tandem.planner.layouts import Layout, Setting, estimate
+from tandem.planner.machine import this_host
+
+GLOBAL, MICRO = 32, 8
+LAYOUTS = [  # name, processes, flags, planner layout (pp, dp, fsdp, tp)
+    ("one process", 1, [], (1, 1, 1, 1)),
+    ("ddp2", 2, ["--plan.strategy", "ddp"], (1, 2, 1, 1)),
+    ("fsdp2", 2, ["--plan.strategy", "fsdp"], (1, 1, 2, 1)),
+    ("tp2", 2, ["--plan.tp", "2"], (1, 1, 1, 2)),
+    ("pp2", 2, ["--plan.pp", "2", "--plan.pp_schedule", "1F1B"], (2, 1, 1, 1)),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    print(f"host load (1 min): {os.getloadavg()[0]:.1f}")
+    task = load_task(str(CHAR_LM), "task")
+    profile, states = model_profile(task), optimizer_states(task)
+    machine = this_host()
+    measured = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, procs, flags, _ in LAYOUTS:
+            run = name.replace(" ", "-")
+            cmd = tandem_command(["--nproc-per-node", str(procs)], CHAR_LM, [
+                *flags, "--precision.mode", "fp32", "--train.global_batch", str(GLOBAL),
+                "--train.micro_batch", str(MICRO), "--train.steps", str(args.steps),
+                "--monitor.log_every", "5", "--monitor.calibrate_at", "10",
+                "--train.eval_every", "0", "--run.dir", tmp, "--run.name", run, *QUIET])
+            run_checked(cmd, timeout=900, env=child_env(), what=name)
+            store = Path(tmp) / "tandem.db"
+            state = sum(steady(window_values(store, run, m)) for m in (MEM_PARAM, MEM_GRAD,
+                                                                      MEM_OPTIM))
+            measured[name] = (state, steady(window_values(store, run, TIME_STEP)))
+    base = Setting(GLOBAL, states, bf16=False, efficiency=1.0)
+    one = estimate(profile, Layout(1, 1, 1, 1, MICRO, False), machine, base)
+    efficiency = one.step_s / measured["one process"][1]
+    setting = Setting(GLOBAL, states, bf16=False, efficiency=efficiency)
+    rows, within = [], 0
+    for name, _, _, (pp, dp, fsdp, tp) in LAYOUTS:
+        e = estimate(profile, Layout(pp, dp, fsdp, tp, MICRO, False), machine, setting)
+        state = e.memory["weights"] + e.memory["gradients"] + e.memory["optimizer"]
+        got_state, got_step = measured[name]
+        ratio = got_step / e.step_s
+        within += name != "one process" and abs(ratio - 1) <= 0.3
+        rows.append([name, f"{state / 2**20:.2f}", f"{got_state / 2**20:.2f}",
+                     f"{got_state / state:.3f}", f"{e.step_s * 1e3:.0f}",
+                     f"{got_step * 1e3:.0f}", f"{ratio:.2f}"])
+    print(f"efficiency from the one-process run: {efficiency:.2f} of the measured peak "
+          f"{machine.peak / 1e9:.1f} GFLOP/s")
+    print(table(["layout", "state MiB (plan)", "state MiB (run)", "run/plan",
+                 "step ms (plan)", "step ms (run)", "run/plan"], rows))
+    print(f"step time within 30%: {within} of {len(LAYOUTS) - 1} predicted layouts")
+
+
+if __name__ == "__main__":
+    main()
