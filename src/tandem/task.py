@@ -64,6 +64,11 @@ class Task:
     (``tandem.compress.distill``): trained as built, or loaded from ``train.distill_from``.
     Its outputs must have the shape of the model's.
 
+    ``map_weights`` (optional) renames the keys of the weights ``run.init_from`` loads
+    before they are matched to the model's names: ``map_weights(key)`` returns the model's
+    name for the source's ``key``, or None to leave the key out, so a checkpoint saved
+    under another library's names loads (e.g. ``lambda k: k.removeprefix("model.")``).
+
     ``components`` (optional) makes the run's own components (``tandem.Component``:
     freeze parameters, add a term to the loss, keep a state in checkpoints), after the
     ones the config asks for; ``fit(..., components=[...])`` adds more after these.
@@ -82,12 +87,14 @@ class Task:
     collate: Callable[[list[Any]], Batch] | None = None
     components: Callable[[], Sequence[Any]] | None = None
     teacher: Callable[[], nn.Module] | None = None
+    map_weights: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "optimizer", "train_data", "loss"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable, got {getattr(self, name)!r}")
-        for name in ("eval_data", "eval_views", "collate", "components", "teacher"):
+        for name in ("eval_data", "eval_views", "collate", "components", "teacher",
+                     "map_weights"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable or None, got "
                                  f"{getattr(self, name)!r}")
