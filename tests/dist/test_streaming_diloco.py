@@ -63,12 +63,13 @@ def _outer_grad(rank: int) -> torch.Tensor:
 
 
 def reference(steps: int, fragments: int, tau: int, alpha: float = 0.5,
-              optimizer=_sgd) -> dict:  # type: ignore[no-untyped-def]
+              optimizer=_sgd, ddp_steps: int = 0) -> dict:  # type: ignore[no-untyped-def]
     """WORLD replicas of the toy model in one process, on flat parameter vectors: each
     replica trains on its share of every global batch; fragment p (the p-th of P equal
     runs of the vector) meets at the steps s with (s - p*H//P) % H == 0, and its averaged
     pseudo-gradient is applied tau steps later (outer Nesterov SGD), the replica's run
-    replaced (tau = 0) or mixed with alpha; after the last step all meet and replace."""
+    replaced (tau = 0) or mixed with alpha; after the last step all meet and replace.
+    The first `ddp_steps` train one model on the whole global batch (DDP's math)."""
     torch.manual_seed(tandem.runtime.derive_seed("build", 7))
     data, base = toy_task.IndexedData(), toy_task.make_model()
     reps = [copy.deepcopy(base) for _ in range(WORLD)]
@@ -98,7 +99,15 @@ def reference(steps: int, fragments: int, tau: int, alpha: float = 0.5,
             with torch.no_grad():
                 vector_to_parameters(v, reps[r].parameters())
 
-    for step in range(steps):
+    for step in range(ddp_steps):
+        ids = torch.tensor(order[step * GLOBAL:(step + 1) * GLOBAL])
+        opts[0].zero_grad()
+        torch.nn.functional.mse_loss(reps[0](data.x[ids]), data.y[ids]).backward()
+        opts[0].step()
+    for r in range(1, WORLD):
+        reps[r].load_state_dict(reps[0].state_dict())
+    outer = parameters_to_vector(reps[0].parameters()).detach().clone()
+    for step in range(ddp_steps, steps):
         ids = order[step * GLOBAL:(step + 1) * GLOBAL]
         for r, (model, opt) in enumerate(zip(reps, opts, strict=True)):
             mine = torch.tensor(ids[r * share:(r + 1) * share])
@@ -178,6 +187,13 @@ def _kill_and_resume(rank: int, world: int, out: str) -> None:
     toy_task.SEEN.clear()
     _fit(out, "run", plan, toy_task.make_optimizer, checkpoint=ckpt)
     Path(out, f"seen-{rank}.json").write_text(json.dumps(first + toy_task.SEEN))
+    # A DDP run's checkpoint resumed as streaming DiLoCo: its outer parameters start from
+    # the DDP weights (the checkpoint holds no streaming state).
+    _fit(out, "switch", {"strategy": "ddp"}, train={"steps": 8},
+         checkpoint={"every": 0, "at_end": True})
+    _fit(out, "switch", plan)
+    with pytest.raises(tandem.errors.UsageError, match="resume it with the same plan on 2"):
+        _fit(out, "run", {**plan, "fragments": 1}, toy_task.make_optimizer)  # 2 parts: refused
     dist.destroy_process_group()
 
 
@@ -193,3 +209,5 @@ def test_a_resume_in_mid_flight_loses_no_sample_and_no_fragment_update(tmp_path:
     want = reference(STEPS, 2, 1, optimizer=toy_task.make_optimizer)
     for r in range(WORLD):
         _close(torch.load(tmp_path / f"run-{r}.pt", weights_only=True), want)
+    _close(torch.load(tmp_path / "switch-0.pt", weights_only=True),
+           reference(STEPS, 2, 1, ddp_steps=8))
