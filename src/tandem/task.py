@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import runpy
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -61,6 +64,11 @@ class Task:
     (``tandem.compress.distill``): trained as built, or loaded from ``train.distill_from``.
     Its outputs must have the shape of the model's.
 
+    ``map_weights`` (optional) renames the keys of the weights ``run.init_from`` loads
+    before they are matched to the model's names: ``map_weights(key)`` returns the model's
+    name for the source's ``key``, or None to leave the key out, so a checkpoint saved
+    under another library's names loads (e.g. ``lambda k: k.removeprefix("model.")``).
+
     ``components`` (optional) makes the run's own components (``tandem.Component``:
     freeze parameters, add a term to the loss, keep a state in checkpoints), after the
     ones the config asks for; ``fit(..., components=[...])`` adds more after these.
@@ -79,12 +87,14 @@ class Task:
     collate: Callable[[list[Any]], Batch] | None = None
     components: Callable[[], Sequence[Any]] | None = None
     teacher: Callable[[], nn.Module] | None = None
+    map_weights: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("model", "optimizer", "train_data", "loss"):
             if not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable, got {getattr(self, name)!r}")
-        for name in ("eval_data", "eval_views", "collate", "components", "teacher"):
+        for name in ("eval_data", "eval_views", "collate", "components", "teacher",
+                     "map_weights"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise ValueError(f"Task.{name} must be callable or None, got "
                                  f"{getattr(self, name)!r}")
@@ -121,3 +131,23 @@ def default_forward(model: nn.Module, batch: Batch) -> Any:
                 "lambda model, batch: model(...) to say what the model takes")
         return model(batch["input"])
     return model(batch)
+
+
+def module_task(script: str | Path, name: str | None, command: str) -> Task:
+    """The Task `script` defines at module level (by `name` when it defines several), its
+    main part not run; `command` (e.g. "tandem plan") names the asker in errors."""
+    path = Path(script)
+    if not path.is_file():
+        raise ValueError(f"{command}: no script at {script}")
+    sys.path.insert(0, str(path.resolve().parent))  # the script's own imports
+    found = runpy.run_path(str(path), run_name="__tandem_module__")
+    tasks = {k: v for k, v in found.items() if isinstance(v, Task)}
+    if name is not None:
+        if name not in tasks:
+            raise ValueError(f"{command}: {script} has no module-level Task named {name!r}; "
+                             f"it has {sorted(tasks)}")
+        return tasks[name]
+    if len(tasks) != 1:
+        raise ValueError(f"{command}: {script} defines {len(tasks)} module-level Tasks "
+                         f"({sorted(tasks)}); name one with --task")
+    return next(iter(tasks.values()))

@@ -37,6 +37,14 @@ def test_the_smallest_model_within_the_budget_is_adopted() -> None:
     assert choose(ROWS, ACCURACY, 3.0, "speed")[0] == "smaller"
 
 
+def test_over_seeds_the_worse_end_of_the_interval_must_be_within_the_budget() -> None:
+    rows = {**ROWS, "small": {**ROWS["small"], "interval": [0.935, 0.955]}}
+    chosen, why, _ = choose(rows, ACCURACY, 1.0, "size")
+    assert chosen == ORIGINAL
+    assert "0.945 (95% interval [0.935, 0.955]) is 1.5 worse" in why["small"]
+    assert choose(rows, ACCURACY, 1.5, "size")[0] == "small"
+
+
 def test_a_budget_no_candidate_meets_keeps_the_original_and_says_so() -> None:
     chosen, why, verdict = choose(ROWS, ACCURACY, 0.2, "size")
     assert chosen == ORIGINAL
@@ -67,6 +75,12 @@ def test_the_metric_and_its_direction_come_from_the_target_or_the_name() -> None
         goal_of(task, "bleu", "")
 
 
+def chosen_is_not(found: dict, name: str) -> bool:
+    return found["chosen"]["technique"] != name and any(
+        r["technique"] == name and r["why"].startswith("the control")
+        for r in found["rejected"])
+
+
 def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(1) == y).float().mean())
 
@@ -88,21 +102,30 @@ def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
         original = _accuracy(trained(x), y)
     out = tmp_path / "out"
     assert main(["compress", str(tmp_path / "small"), "--script", str(SCRIPT), "--budget",
-                 "5", "--out", str(out), "--steps", "10", "--repeats", "1"]) == 0
+                 "5", "--out", str(out), "--steps", "10", "--repeats", "1",
+                 "--seeds", "2"]) == 0
     found = json.loads((out / "compress.json").read_text())
     assert found["original"]["accuracy"] == pytest.approx(original)
     figures = {c["technique"]: c for c in found["candidates"]}
-    assert set(figures) == {"lowrank-50%", "lowrank-25%", "prune-25%", "prune-50%",
-                            "int8-ptq", "int8-qat"}
+    assert set(figures) == {"finetuned", "lowrank-50%", "lowrank-25%", "prune-25%",
+                            "prune-50%", "int8-ptq", "int8-qat"}
+    assert figures["finetuned"]["params"] == 5508  # the control: never adopted
+    assert chosen_is_not(found, "finetuned")
     # hidden widths 64 -> 48 and 32, the 4 outputs kept; int8 keeps every weight
     assert figures["prune-25%"]["params"] == 16 * 48 + 48 + 48 * 48 + 48 + 48 * 4 + 4
     assert figures["prune-50%"]["params"] == 16 * 32 + 32 + 32 * 32 + 32 + 32 * 4 + 4
     assert figures["int8-qat"]["params"] == found["original"]["params"] == 5508
     assert figures["int8-qat"]["bytes"] < found["original"]["bytes"] / 2
+    for c in found["candidates"]:  # two fine-tuning seeds: the mean and its t-interval
+        a, b = c["seeds"]
+        half = 12.7062 * abs(a - b) / 2  # t(0.975, 1) * sd / sqrt(2), sd = |a - b| / sqrt(2)
+        assert c["accuracy"] == pytest.approx((a + b) / 2)
+        assert c["interval"] == pytest.approx([(a + b) / 2 - half, (a + b) / 2 + half])
     chosen = found["chosen"]
-    assert original - chosen["accuracy"] <= 0.05 + 1e-9
+    assert original - chosen["interval"][0] <= 0.05 + 1e-9
     assert chosen["bytes"] < found["original"]["bytes"]
-    within = [c for c in found["candidates"] if original - c["accuracy"] <= 0.05 + 1e-9]
+    within = [c for c in found["candidates"] if original - c["interval"][0] <= 0.05 + 1e-9
+              and c["technique"] != "finetuned"]
     assert chosen["bytes"] == min(c["bytes"] for c in within)
     assert {r["technique"] for r in found["rejected"]} == set(figures) - {chosen["technique"]}
     assert chosen["file_bytes"] == (out / "model.pt2").stat().st_size
@@ -114,4 +137,5 @@ def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
             f"torch.save(p(x), {str(tmp_path / 'y.pt')!r}); p(x[:1])")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     logits = torch.load(tmp_path / "y.pt", weights_only=True)
-    assert _accuracy(logits, y) == pytest.approx(chosen["accuracy"])
+    assert _accuracy(logits, y) == pytest.approx(chosen["file_accuracy"])
+    assert chosen["file_accuracy"] == chosen["seeds"][0]

@@ -1,5 +1,6 @@
 """Fine-tuning in one process: `train.freeze` by name patterns and `run.init_from` a tandem
-run, a checkpoint or safetensors, checked against the weights the source holds."""
+run, a checkpoint, a DCP directory or safetensors (under another library's names through
+`Task.map_weights`), checked against the weights the source holds."""
 
 from __future__ import annotations
 
@@ -105,6 +106,105 @@ def test_init_from_safetensors_reports_what_does_not_fit(tmp_path: Path) -> None
     start = Seen()
     _fit(tmp_path / "d", 1, [start], run__init_from=str(folder))
     for name, value in trained.items():
+        assert torch.equal(start.at_start[name], value), name
+
+
+class OtherNet(nn.Module):
+    """The toy model as another library names it, with a buffer the toy model lacks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = nn.Linear(12, 32), nn.Linear(32, 3)
+        self.register_buffer("position_ids", torch.arange(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.hidden(x)))
+
+
+def _from_other(key: str) -> str | None:
+    """OtherNet's names -> the toy model's; its buffer is left out."""
+    if key == "position_ids":
+        return None
+    layer, rest = key.split(".", 1)
+    return {"hidden": "0", "out": "2"}[layer] + "." + rest
+
+
+class OutputsAtStart(tandem.Component):
+    """The model's outputs on a fixed batch when the run starts."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x, self.outputs = x, torch.empty(0)
+
+    def setup(self, parts: tandem.components.RunParts) -> None:
+        with torch.no_grad():
+            self.outputs = parts.module(self.x)
+
+
+def _mapped_task() -> tandem.Task:
+    task = toy_task.task()
+    return tandem.Task(model=task.model, optimizer=task.optimizer,
+                       train_data=task.train_data, loss=task.loss, map_weights=_from_other)
+
+
+def test_safetensors_of_another_library_give_identical_outputs(tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    other = OtherNet()
+    state = other.state_dict()
+    x = torch.randn(16, 12)
+    with torch.no_grad():
+        expected = other(x)
+    # one file, and two shards with an index as transformers writes them
+    save_file(state, str(tmp_path / "model.safetensors"))
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    shards = {"model-00001-of-00002.safetensors": ["hidden.weight", "hidden.bias"],
+              "model-00002-of-00002.safetensors": ["out.weight", "out.bias", "position_ids"]}
+    for file, keys in shards.items():
+        save_file({k: state[k] for k in keys}, str(folder / file))
+    index = {"metadata": {"total_size": sum(v.numel() * v.element_size()
+                                            for v in state.values())},
+             "weight_map": {k: file for file, keys in shards.items() for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    for i, source in enumerate((tmp_path / "model.safetensors", folder)):
+        seen = OutputsAtStart(x)
+        _fit(tmp_path / f"run{i}", 1, [seen], task=_mapped_task(), run__init_from=str(source))
+        assert torch.equal(seen.outputs, expected), source
+    with pytest.raises(ValueError, match=r"missing keys: 0\.bias.*unexpected keys: hidden\.bias"):
+        _fit(tmp_path / "unmapped", 1, run__init_from=str(folder))
+
+
+def test_map_weights_must_name_one_key_per_name() -> None:
+    from tandem.finetune.init_from import rename
+
+    assert rename(["hidden.weight", "position_ids"], _from_other) == {
+        "0.weight": "hidden.weight"}
+    with pytest.raises(ValueError, match=r"map_weights\('a'\) returned 3: .*\(a str\)"):
+        rename(["a"], lambda key: 3)  # type: ignore[arg-type, return-value]
+    with pytest.raises(ValueError, match="maps both 'a' and 'b' to 'w'"):
+        rename(["a", "b"], lambda key: "w")
+    with pytest.raises(ValueError, match="Task.map_weights must be callable"):
+        tandem.Task(model=toy_task.make_model, optimizer=toy_task.make_optimizer,
+                    train_data=toy_task.IndexedData, loss=toy_task.loss, map_weights="0")
+
+
+def test_init_from_a_dcp_directory_written_without_tandem(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(4)
+    other, toy = OtherNet(), toy_task.make_model()
+    # the state dict alone, under another library's names
+    dcp.save(other.state_dict(), checkpoint_id=str(tmp_path / "alone"))
+    # the model's state dict as the "model" entry beside other state
+    dcp.save({"model": toy.state_dict(), "optim": {"scale": torch.ones(2)}},
+             checkpoint_id=str(tmp_path / "nested"))
+    x = torch.randn(16, 12)
+    seen = OutputsAtStart(x)
+    _fit(tmp_path / "a", 1, [seen], task=_mapped_task(), run__init_from=str(tmp_path / "alone"))
+    with torch.no_grad():
+        assert torch.equal(seen.outputs, other(x))
+    start = Seen()
+    _fit(tmp_path / "b", 1, [start], run__init_from=str(tmp_path / "nested"))
+    for name, value in toy.state_dict().items():
         assert torch.equal(start.at_start[name], value), name
 
 

@@ -31,7 +31,8 @@ def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
         out.append(LoRA(config.train.lora_rank, config.train.lora_alpha,
                         parse_patterns(config.train.lora_targets)))
     if config.run.init_from:
-        out.append(InitFrom(config.run.init_from, config.run.init_partial))
+        out.append(InitFrom(config.run.init_from, config.run.init_partial,
+                            map_weights=task.map_weights))
     if config.plan.activation_checkpointing:
         out.append(Recompute())
     if config.plan.compile:

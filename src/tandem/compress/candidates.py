@@ -11,6 +11,9 @@ short fine-tune each needs (`FineTune`).
   converted, no training;
 - int8 QAT: fake-quantised, fine-tuned (ranges followed while training), converted.
 
+Beside them, the original fine-tuned the same way (`finetuned`): a control for what the
+extra training alone gives (an undertrained model improves with it, compressed or not).
+
 A candidate that cannot be made (a layer torch-pruning cannot mask, a missing package) is
 returned as the reason why, not raised: the others are still weighed.
 """
@@ -32,6 +35,7 @@ from tandem.compress import lowrank, prune, quant
 from tandem.compress.measure import collate_of
 from tandem.task import Task
 
+FINETUNED = "finetuned"  # the control's name
 LOWRANK_SHARES = (0.5, 0.25)
 PRUNE_RATIOS = (0.25, 0.5)
 CALIBRATION_BATCHES = 8
@@ -92,6 +96,14 @@ def output_layer(model: nn.Module, inputs: Sequence[torch.Tensor]) -> str | None
     return next((name for name, s in reversed(ran) if s == shape), None)
 
 
+def finetuned(model: nn.Module, tune: FineTune) -> nn.Module:
+    """The model itself fine-tuned as the others are: the control that tells what the
+    extra training alone changes (never adopted: it is neither smaller nor faster)."""
+    out = copy.deepcopy(model)
+    tune.run(out)
+    return out
+
+
 def lowranked(model: nn.Module, share: float, tune: FineTune) -> nn.Module:
     """The model factorised to pairs holding `share` of each layer's weights, fine-tuned."""
     out = copy.deepcopy(model)
@@ -142,6 +154,7 @@ def candidates(model: nn.Module, inputs: Sequence[torch.Tensor],
                tune: FineTune) -> Iterator[tuple[str, nn.Module | str]]:
     """(name, the compressed model or why it could not be made), one candidate at a time."""
     makers: list[tuple[str, Callable[[], nn.Module]]] = [
+        (FINETUNED, lambda: finetuned(model, tune)),
         *((f"lowrank-{round(100 * s)}%", lambda s=s: lowranked(model, s, tune))
           for s in LOWRANK_SHARES),
         *((f"prune-{round(100 * r)}%", lambda r=r: pruned(model, r, inputs, tune))

@@ -29,7 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fine-tuning steps of each candidate that needs them")
     parser.add_argument("--lr-scale", type=float, default=0.3,
                         help="the task optimizer's learning rates times this, for fine-tuning")
-    parser.add_argument("--seed", type=int, default=0, help="the fine-tunes' seed")
+    parser.add_argument("--seed", type=int, default=0, help="the fine-tunes' first seed")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="make each candidate with this many seeds: its metric is their "
+                             "mean, and with 2 or more the worse end of its 95%% interval "
+                             "must be within the budget")
     parser.add_argument("--prefer", choices=("size", "speed"), default="size",
                         help="adopt the smallest eligible model, or the fastest at batch 64")
     parser.add_argument("--repeats", type=int, default=5,

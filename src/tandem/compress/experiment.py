@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import runpy
-import sys
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
-from tandem.compress.candidates import FineTune, candidates
+from tandem.compress.candidates import FINETUNED, FineTune, candidates
 from tandem.compress.measure import (
     BATCHES,
     LOSS,
@@ -46,7 +46,8 @@ from tandem.compress.measure import (
     weights,
 )
 from tandem.config.values import parse_target
-from tandem.task import Task
+from tandem.task import Task, module_task
+from tandem.tune.stats import mean_interval
 
 ORIGINAL = "original"
 # Metrics named so go down as the model gets better (unless the run's target says).
@@ -97,18 +98,7 @@ def locate(run: str, store: str | None, script: str | None) -> tuple[Path, Path]
 
 def task_of(script: Path, name: str | None) -> Task:
     """The Task the script defines at module level (imported, its main part not run)."""
-    sys.path.insert(0, str(script.resolve().parent))
-    found = runpy.run_path(str(script), run_name="__tandem_compress__")
-    tasks = {k: v for k, v in found.items() if isinstance(v, Task)}
-    if name is not None:
-        if name not in tasks:
-            raise ValueError(f"tandem compress: {script} has no module-level Task named "
-                             f"{name!r}; it has {sorted(tasks)}")
-        return tasks[name]
-    if len(tasks) != 1:
-        raise ValueError(f"tandem compress: {script} defines {len(tasks)} module-level "
-                         f"Tasks ({sorted(tasks)}); name one with --task")
-    return next(iter(tasks.values()))
+    return module_task(script, name, "tandem compress")
 
 
 def goal_of(task: Task, given: str | None, target: str) -> Goal:
@@ -136,19 +126,26 @@ def worse_by(goal: Goal, value: float, original: float) -> float:
 def choose(rows: dict[str, dict[str, Any]], goal: Goal, budget: float,
            prefer: str) -> tuple[str, dict[str, str], str]:
     """(the adopted name, why each other candidate was not adopted, the verdict). `rows`
-    hold each measured model's metric, bytes and latency_ms by batch size; the original
-    is `ORIGINAL`."""
+    hold each measured model's metric (a mean over seeds, with its 95% `interval` when
+    there were several), bytes and latency_ms by batch size; the original is
+    `ORIGINAL`."""
     base = rows[ORIGINAL]
     why: dict[str, str] = {}
     eligible = []
     for name, row in rows.items():
         if name == ORIGINAL:
             continue
-        worse = worse_by(goal, row["metric"], base["metric"])
+        if name == FINETUNED:
+            why[name] = "the control (the original fine-tuned alike): never adopted"
+            continue
+        # Over seeds: the worse end of the 95% interval must be within the budget.
+        low, high = row.get("interval") or (row["metric"], row["metric"])
+        worse = worse_by(goal, low if goal.higher else high, base["metric"])
         faster = all(row["latency_ms"][b] < base["latency_ms"][b] for b in BATCHES)
         if worse > budget + 1e-9:
-            why[name] = (f"{goal.metric} {row['metric']:.4g} is {worse:.3g} worse than the "
-                         f"original's {base['metric']:.4g}: over the budget of {budget:g}")
+            shown = f" (95% interval [{low:.4g}, {high:.4g}])" if "interval" in row else ""
+            why[name] = (f"{goal.metric} {row['metric']:.4g}{shown} is {worse:.3g} worse than "
+                         f"the original's {base['metric']:.4g}: over the budget of {budget:g}")
         elif row["bytes"] >= base["bytes"] and not faster:
             why[name] = "neither smaller nor faster than the original"
         else:
@@ -189,15 +186,38 @@ def export(model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> in
     return path.stat().st_size
 
 
+def made(original: nn.Module, inputs: tuple[torch.Tensor, ...], tunes: list[FineTune],
+         measure: Callable[[nn.Module], float], console: Console
+         ) -> tuple[dict[str, nn.Module], dict[str, list[float]], dict[str, str]]:
+    """Every candidate made once per fine-tuning seed: ({name: its first seed's model},
+    {name: its metric per seed}, {name: why it could not be made}); the original first."""
+    models: dict[str, nn.Module] = {ORIGINAL: original}
+    scores: dict[str, list[float]] = {ORIGINAL: [measure(original)]}
+    failed: dict[str, str] = {}
+    for tune in tunes:
+        for name, model in candidates(original, inputs, tune):
+            if isinstance(model, str):
+                failed[name] = model
+                continue
+            models.setdefault(name, model)
+            scores.setdefault(name, []).append(measure(model))
+            console.print(f"{name} (seed {tune.seed}): {scores[name][-1]:.4g}",
+                          highlight=False)
+    for name in failed:
+        models.pop(name, None)
+        console.print(f"{name}: {failed[name]}", highlight=False)
+    return models, scores, failed
+
+
 def run(ns: argparse.Namespace, console: Console) -> int:
     """`tandem compress` with its parsed options (`command.add_arguments`)."""
     from tandem.config import load
     from tandem.finetune.init_from import InitFrom
 
-    if ns.steps < 1 or ns.repeats < 1 or ns.budget < 0 or ns.lr_scale <= 0:
-        raise ValueError("tandem compress: need --steps >= 1, --repeats >= 1, --budget >= 0 "
-                         f"and --lr-scale > 0 (got {ns.steps}, {ns.repeats}, {ns.budget}, "
-                         f"{ns.lr_scale})")
+    if min(ns.steps, ns.repeats, ns.seeds) < 1 or ns.budget < 0 or ns.lr_scale <= 0:
+        raise ValueError("tandem compress: need --steps, --repeats and --seeds >= 1, --budget "
+                         f">= 0 and --lr-scale > 0 (got {ns.steps}, {ns.repeats}, {ns.seeds}, "
+                         f"{ns.budget}, {ns.lr_scale})")
     run_dir, script = locate(ns.run, ns.store, ns.script)
     task = task_of(script, ns.task)
     if task.eval_data is None:
@@ -210,18 +230,20 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     dataset = task.eval_data()
     inputs = model_inputs(task, collate_of(task, dataset)(
         [dataset[i] for i in range(min(BATCHES[-1], len(dataset)))]))
-    tune = FineTune(task, ns.steps, config.train.global_batch, ns.lr_scale, ns.seed)
-    models: dict[str, nn.Module] = {ORIGINAL: original}
-    failed: dict[str, str] = {}
-    for name, made in candidates(original, inputs, tune):
-        if isinstance(made, str):
-            failed[name] = made
-        else:
-            models[name] = made
-        console.print(f"{name}: {'made' if name in models else failed[name]}", highlight=False)
-    rows = {name: {"metric": evaluate(m, task, dataset, goal.metric, config.train.eval_batch),
+
+    def measure(model: nn.Module) -> float:
+        return evaluate(model, task, dataset, goal.metric, config.train.eval_batch)
+
+    tunes = [FineTune(task, ns.steps, config.train.global_batch, ns.lr_scale, seed)
+             for seed in range(ns.seed, ns.seed + ns.seeds)]
+    models, scores, failed = made(original, inputs, tunes, measure, console)
+    rows = {name: {"metric": statistics.fmean(scores[name]), "seeds": scores[name],
                    "params": weights(m), "bytes": state_bytes(m)}
             for name, m in models.items()}
+    for row in rows.values():
+        if len(row["seeds"]) > 1:
+            interval = mean_interval(row["seeds"])
+            row["interval"] = [interval.low, interval.high]
     for name, ms in latencies(models, inputs, ns.repeats).items():
         rows[name]["latency_ms"] = ms
     chosen, why, verdict = choose(rows, goal, ns.budget, ns.prefer)
@@ -240,7 +262,9 @@ def _record(run_dir: Path, script: Path, goal: Goal, ns: argparse.Namespace,
             verdict: str, file_bytes: int) -> dict[str, Any]:
     def figures(name: str) -> dict[str, Any]:
         row = rows[name]
-        return {"technique": name, goal.metric: row["metric"], "params": row["params"],
+        return {"technique": name, goal.metric: row["metric"], "seeds": row["seeds"],
+                **({"interval": row["interval"]} if "interval" in row else {}),
+                "params": row["params"],
                 "bytes": row["bytes"],
                 "latency_ms": {f"batch_{b}": row["latency_ms"][b] for b in BATCHES}}
 
@@ -249,10 +273,12 @@ def _record(run_dir: Path, script: Path, goal: Goal, ns: argparse.Namespace,
         "higher_is_better": goal.higher, "budget": ns.budget,
         "budget_unit": "percentage points" if goal.higher else f"{goal.metric} units",
         "prefer": ns.prefer, "fine_tune": {"steps": ns.steps, "lr_scale": ns.lr_scale,
-                                           "seed": ns.seed},
+                                           "seeds": list(range(ns.seed, ns.seed + ns.seeds))},
         "cpu_threads": torch.get_num_threads(), "verdict": verdict,
         "kept_original": chosen == ORIGINAL,
-        "chosen": {**figures(chosen), "file": "model.pt2", "file_bytes": file_bytes},
+        # the file holds the chosen technique's model of the first seed
+        "chosen": {**figures(chosen), "file": "model.pt2", "file_bytes": file_bytes,
+                   f"file_{goal.metric}": rows[chosen]["seeds"][0]},
         "original": figures(ORIGINAL),
         "candidates": [figures(n) for n in rows if n != ORIGINAL],
         "rejected": [{"technique": n, "why": w} for n, w in why.items()],

@@ -37,8 +37,9 @@ class RunConfig:
     )
     init_from: str = _doc(
         "", "start a fresh run from these weights: a tandem run directory or checkpoint "
-        "directory (any world size or layout), a .safetensors file or a folder of them "
-        "(a sharded index included); a resumed run continues from its own checkpoint")
+        "directory (any world size or layout), a DCP directory, a .safetensors file or a "
+        "folder of them (a sharded index included); Task.map_weights renames their keys; a "
+        "resumed run continues from its own checkpoint")
     init_partial: bool = _doc(
         False, "run.init_from: load the keys that match the model by name and shape and "
         "keep the others as initialised (a new head), reporting them; off: any missing, "

@@ -6,11 +6,16 @@ The source is one of:
   (`.../checkpoints/step_000000500`), from any world size and layout: its `model`
   section is loaded through DCP, which reshards, so each rank reads only what it holds
   (no full copy per rank under FSDP2);
+- a DCP directory written by `torch.distributed.checkpoint.save` outside tandem (its
+  `.metadata` beside the shards): the model's state dict saved alone or as the `model`
+  entry of a larger dict; DCP reshards it like a tandem checkpoint;
 - a safetensors file, or a folder of them (a sharded `model.safetensors.index.json`
   included): tensors are opened lazily, one key at a time, and only those the model
   has are read; each rank reads the full tensors and keeps its shard.
 
-The loaded keys are matched to the model's parameter and buffer names: missing keys
+`Task.map_weights` (name -> the model's name, or None to drop the key) renames the
+source's keys first, so weights saved under another library's names load. The loaded keys
+are matched to the model's parameter and buffer names: missing keys
 (the model has, the source lacks), unexpected keys (the other way) and shape mismatches
 are reported, and are an error unless `run.init_partial` allows them (a new head, for
 instance: its weights keep their initialisation); LoRA adapters (`train.lora_rank`)
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,9 @@ from tandem.components.base import Component, RunParts
 
 log = logging.getLogger(__name__)
 INDEX = "model.safetensors.index.json"
+MapWeights = Callable[[str], str | None]
+# What reads the chosen keys (the model's name -> the source's) into the model.
+Reader = Callable[[nn.Module, dict[str, Any], dict[str, str]], None]
 _SHOWN = 12
 
 
@@ -53,6 +62,25 @@ def match(model_shapes: dict[str, list[int]], source_shapes: dict[str, list[int]
     bad = {k.split(" ", 1)[0] for k in mismatched}
     return sorted(both - bad), {"missing": missing, "unexpected": unexpected,
                                 "shape mismatch": mismatched}
+
+
+def rename(source_keys: Iterable[str], map_weights: MapWeights | None) -> dict[str, str]:
+    """{the model's name: the source's key}: each key through `map_weights` (None: keys as
+    they are; a key it maps to None is left out). ValueError for a name that is not a str
+    and for two keys mapped to one name."""
+    out: dict[str, str] = {}
+    for key in source_keys:
+        name = key if map_weights is None else map_weights(key)
+        if name is None:
+            continue
+        if not isinstance(name, str):
+            raise ValueError(f"Task.map_weights({key!r}) returned {name!r}: it must return "
+                             "the model's name for the key (a str) or None to leave it out")
+        if name in out:
+            raise ValueError(f"Task.map_weights maps both {out[name]!r} and {key!r} to "
+                             f"{name!r}: each of the model's names can take one key")
+        out[name] = key
+    return out
 
 
 def report(source: Path, problems: dict[str, list[str]], partial: bool,
@@ -97,8 +125,9 @@ def safetensors_files(path: Path) -> dict[str, Path]:
 
 
 def kind_of(path: Path, field: str = "run.init_from") -> str:
-    """'safetensors', 'checkpoint' (one checkpoint directory) or 'run' (a run directory);
-    ValueError naming the setting `field` and what is allowed."""
+    """'safetensors', 'checkpoint' (one checkpoint directory), 'run' (a run directory) or
+    'dcp' (a DCP directory of another writer); ValueError naming the setting `field` and
+    what is allowed."""
     if not path.exists():
         raise ValueError(f"{field} {path}: no such file or directory")
     if path.is_file():
@@ -108,11 +137,13 @@ def kind_of(path: Path, field: str = "run.init_from") -> str:
         return "checkpoint"
     elif (path / "checkpoints").is_dir():
         return "run"
+    elif (path / ".metadata").is_file():
+        return "dcp"
     elif (path / INDEX).is_file() or any(path.glob("*.safetensors")):
         return "safetensors"
     raise ValueError(f"{field} {path}: not a tandem run directory, a checkpoint "
-                     "directory (with manifest.json), a .safetensors file or a folder of "
-                     ".safetensors files")
+                     "directory (with manifest.json), a DCP directory (with .metadata), a "
+                     ".safetensors file or a folder of .safetensors files")
 
 
 class InitFrom(Component):
@@ -123,12 +154,13 @@ class InitFrom(Component):
     restores_frozen = True
 
     def __init__(self, source: str, partial: bool = False, field: str = "run.init_from",
-                 average: bool = False) -> None:
+                 average: bool = False, map_weights: MapWeights | None = None) -> None:
         self.source = Path(source).expanduser()
         self.partial, self.field = partial, field  # `field`: the setting errors name
         # From a checkpoint that holds a weight average (train.ema_decay): load the average,
         # the weights that run evaluated and returned, in place of the raw weights.
         self.average = average
+        self.map_weights = map_weights
         self.kind = kind_of(self.source, field)  # checked at once: before the model is built
         self.loaded: list[str] = []
 
@@ -140,54 +172,53 @@ class InitFrom(Component):
     def load(self, module: nn.Module) -> None:
         """Load the source's weights into `module` (the user's module, or its shards).
         Every rank: a checkpoint source is read through DCP."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            set_model_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         own = get_model_state_dict(module)
         shapes = {k: list(v.shape) for k, v in own.items() if isinstance(v, torch.Tensor)}
-        if self.kind == "safetensors":
-            found = self._from_safetensors(module, shapes, set_model_state_dict,
-                                           StateDictOptions)
-        else:
-            found = self._from_checkpoint(module, own, shapes)
+        opened = {"safetensors": self._safetensors, "dcp": self._dcp}.get(
+            self.kind, self._checkpoint)
+        path, source_shapes, read = opened(shapes)
+        names = rename(source_shapes, self.map_weights)
+        keys, problems = match(shapes, {n: source_shapes[k] for n, k in names.items()})
+        found = report(path, problems, self.partial, self.field)
+        read(module, own, {k: names[k] for k in keys})
+        self.loaded = keys
         log.info("%s %s: loaded %d of the model's %d tensors%s", self.field, self.source,
                  len(self.loaded), len(shapes), f" ({found})" if found else "")
 
-    def _from_safetensors(self, module: nn.Module, shapes: dict[str, list[int]],
-                          set_state: Any, options: Any) -> str:
+    def _safetensors(self, shapes: dict[str, list[int]]
+                     ) -> tuple[Path, dict[str, list[int]], Reader]:
         safe_open = _safe_open()
-        where = safetensors_files(self.source)
-        source_shapes: dict[str, list[int]] = {}
         by_file: dict[Path, list[str]] = {}
-        for name, file in where.items():
+        for name, file in safetensors_files(self.source).items():
             by_file.setdefault(file, []).append(name)
+        source_shapes: dict[str, list[int]] = {}
         for file, names in by_file.items():
             with safe_open(str(file), framework="pt") as f:
                 for name in names:
                     source_shapes[name] = list(f.get_slice(name).get_shape())
-        keys, problems = match(shapes, source_shapes)
-        found = report(self.source, problems, self.partial, self.field)
-        wanted = set(keys)
-        tensors: dict[str, torch.Tensor] = {}
-        for file, names in by_file.items():
-            with safe_open(str(file), framework="pt") as f:
-                for name in names:
-                    if name in wanted:
-                        tensors[name] = f.get_tensor(name)
-        set_state(module, tensors, options=options(full_state_dict=True, strict=False))
-        self.loaded = keys
-        return found
 
-    def _from_checkpoint(self, module: nn.Module, own: dict[str, Any],
-                         shapes: dict[str, list[int]]) -> str:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-        )
+        def read(module: nn.Module, own: dict[str, Any], pairs: dict[str, str]) -> None:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+            )
 
+            model_name = {key: name for name, key in pairs.items()}
+            tensors: dict[str, torch.Tensor] = {}
+            for file, keys in by_file.items():
+                with safe_open(str(file), framework="pt") as f:
+                    for key in keys:
+                        if key in model_name:
+                            tensors[model_name[key]] = f.get_tensor(key)
+            set_model_state_dict(module, tensors, options=StateDictOptions(
+                full_state_dict=True, strict=False))
+
+        return self.source, source_shapes, read
+
+    def _checkpoint(self, shapes: dict[str, list[int]]
+                    ) -> tuple[Path, dict[str, list[int]], Reader]:
         from tandem.checkpoint import manifest
         from tandem.checkpoint.load import latest, load
 
@@ -203,18 +234,56 @@ class InitFrom(Component):
                          if k.startswith("model.")}
         if not source_shapes:
             raise ValueError(f"{self.field} {path}: the checkpoint holds no model weights")
-        keys, problems = match(shapes, source_shapes)
-        found = report(path, problems, self.partial, self.field)
-        subset = {k: own[k] for k in keys}
-        prefix = "ema.weights."
-        averaged = {k[len(prefix):] for k in saved if k.startswith(prefix)} & set(keys)
-        if not self.average:
-            averaged = set()
-        wanted: dict[str, Any] = {"model": {k: v for k, v in subset.items()
-                                            if k not in averaged}}
-        if averaged:
-            wanted["ema"] = {"weights": {k: subset[k] for k in averaged}}
-        load(path, wanted, strict=False)  # DCP reshards into `subset`
-        set_model_state_dict(module, subset, options=StateDictOptions(strict=False))
-        self.loaded = keys
-        return found
+
+        def read(module: nn.Module, own: dict[str, Any], pairs: dict[str, str]) -> None:
+            prefix = "ema.weights."
+            averaged = {k for k, key in pairs.items()
+                        if self.average and prefix + key in saved}
+            wanted: dict[str, Any] = {"model": {pairs[k]: own[k] for k in pairs
+                                                if k not in averaged}}
+            if averaged:
+                wanted["ema"] = {"weights": {pairs[k]: own[k] for k in averaged}}
+            load(path, wanted, strict=False)  # DCP reshards into the model's own tensors
+            _set(module, {k: own[k] for k in pairs})
+
+        return path, source_shapes, read
+
+    def _dcp(self, shapes: dict[str, list[int]]
+             ) -> tuple[Path, dict[str, list[int]], Reader]:
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        from tandem.checkpoint.safe_read import read_metadata
+
+        entries = read_metadata(self.source / ".metadata").state_dict_metadata
+        tensors = {k: list(m.size) for k, m in entries.items()
+                   if isinstance(m, TensorStorageMetadata)}
+        # The model's state dict alone, or under "model" beside other state (an optimizer's):
+        # the reading that names more of the model's keys.
+        section = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        fits = [len(rename(keys, self.map_weights).keys() & shapes.keys())
+                for keys in (section, tensors)]
+        prefix, source_shapes = ("model.", section) if section and fits[0] >= fits[1] else (
+            "", tensors)
+        if not source_shapes:
+            raise ValueError(f"{self.field} {self.source}: the DCP checkpoint holds no tensors")
+
+        def read(module: nn.Module, own: dict[str, Any], pairs: dict[str, str]) -> None:
+            import torch.distributed.checkpoint as dcp
+
+            from tandem.checkpoint import _dist
+            from tandem.checkpoint.safe_read import SafeLoadPlanner, SafeReader
+
+            # Flat keys are the checkpoint's own: DCP flattens nested dicts with dots.
+            with _dist.single_process_quiet():
+                dcp.load({prefix + key: own[k] for k, key in pairs.items()},
+                         storage_reader=SafeReader(self.source), planner=SafeLoadPlanner(),
+                         no_dist=not _dist.initialized())
+            _set(module, {k: own[k] for k in pairs})
+
+        return self.source, source_shapes, read
+
+
+def _set(module: nn.Module, tensors: dict[str, Any]) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(module, tensors, options=StateDictOptions(strict=False))

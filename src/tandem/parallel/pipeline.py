@@ -17,6 +17,9 @@ the whole model: the preflight check, evaluation and the exported module.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
@@ -32,6 +35,7 @@ from tandem.parallel.strategy import (
     Build,
     LossOf,
     MicroBatches,
+    Pass,
     Strategy,
     fresh_copy,
     plain_backward,
@@ -152,6 +156,15 @@ class PipelineStrategy(Strategy):
         self.times[kind] += seconds
         self.phases["forward" if kind == "F" else "backward"] += seconds
 
+    @contextmanager
+    def calibrating(self, one_pass: Pass) -> Iterator[None]:
+        """The calibration's passes are not the window's: their stage times are dropped."""
+        times, phases = dict(self.times), dict(self.phases)
+        try:
+            yield
+        finally:
+            self.times, self.phases = times, phases
+
     def take_phase_seconds(self) -> dict[str, float]:
         """The stages' forward and backward (input and weight) seconds since the last call."""
         taken, self.phases = self.phases, {"forward": 0.0, "backward": 0.0}
@@ -187,10 +200,14 @@ class PipelineStrategy(Strategy):
         micro-batch `index` (the schedule takes tensors as targets, not batches)."""
         assert self.loss_of is not None
         self.mode, self.fed = "feed", output
+        started = time.perf_counter()
         try:
             loss = self.loss_of(self.batches[int(index)])
         finally:
             self.mode, self.fed = "", None
+        # The loss is the last stage's forward work, not idle time (the step's own phase
+        # clock counts it as forward already, through `loss_of`).
+        self.times["F"] += time.perf_counter() - started
         self.losses.append(loss.detach().float())
         return loss / self.micro
 
@@ -199,8 +216,6 @@ class PipelineStrategy(Strategy):
                          sync: bool = True) -> torch.Tensor:
         """The schedule's forward and backward passes over the step's micro-batches; the
         sum of their losses (from the last stage, on every rank). All ranks."""
-        import time
-
         batches = list(micro_batches)
         inputs = [self._capture(loss_of, b) for b in batches]
         if self.schedule is None or len(batches) != self.micro:

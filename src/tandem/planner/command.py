@@ -4,8 +4,6 @@ and why each other one does not fit."""
 from __future__ import annotations
 
 import argparse
-import runpy
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -33,22 +31,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def load_task(script: str, name: str | None) -> object:
     """The tandem.Task the script defines at module level (by `name` when it has several)."""
-    from tandem.task import Task
+    from tandem.task import module_task
 
-    path = Path(script)
-    if not path.is_file():
-        raise ValueError(f"tandem plan: no script at {script}")
-    found = {k: v for k, v in runpy.run_path(str(path), run_name="__tandem_plan__").items()
-             if isinstance(v, Task)}
-    if name is not None:
-        if name not in found:
-            raise ValueError(f"tandem plan: {script} defines no Task named {name!r}; it "
-                             f"defines {sorted(found) or 'none'}")
-        return found[name]
-    if len(found) != 1:
-        raise ValueError(f"tandem plan: {script} defines {len(found)} Tasks at module level "
-                         f"({', '.join(sorted(found)) or 'none'}); name one with --task")
-    return next(iter(found.values()))
+    return module_task(script, name, "tandem plan")
 
 
 def model_profile(task: object):  # noqa: ANN201 - a ModelProfile
