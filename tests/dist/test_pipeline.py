@@ -4,7 +4,8 @@ The char-LM example's transformer (small, its embedding tied to its head) under 
 schedule PyTorch offers, run one after another by the same two processes; the reference
 is a plain single-process loop over the same global batches, accumulating the same
 micro-batches, with gradient clipping that engages. A pipeline's checkpoint resumes on
-one process and one process's on a pipeline, optimizer state and sample order included.
+one process and one process's on a pipeline, optimizer state and sample order included;
+so do those of pipelines whose stages are replicated (DDP) or sharded (FSDP2).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ def task() -> tandem.Task:
 
 
 def argv(out: str, name: str, steps: int, pp: int, schedule: str = "1F1B",
-         virtual: int = 1) -> list[str]:
+         virtual: int = 1, strategy: str = "auto") -> list[str]:
     return ["--run.dir", out, "--run.name", name, "--run.seed", str(SEED),
+            "--plan.strategy", strategy,
             "--train.steps", str(steps), "--train.global_batch", str(GLOBAL),
             "--train.micro_batch", str(MICRO), "--train.grad_clip", str(CLIP),
             "--plan.pp", str(pp), "--plan.pp_schedule", schedule,
@@ -111,8 +113,13 @@ def test_every_schedule_trains_what_one_process_trains(tmp_path: Path) -> None:
 
 def _fit(rank: int, world: int, out: str, runs: list[tuple[str, int, int]]) -> None:
     """Fit each (name, steps, pp) in turn; rank 0 saves the weights."""
-    for name, steps, pp in runs:
-        result = tandem.fit(task(), argv=argv(out, name, steps, pp))
+    _fits(rank, world, out, [(name, steps, pp, "auto") for name, steps, pp in runs])
+
+
+def _fits(rank: int, world: int, out: str, runs: list[tuple[str, int, int, str]]) -> None:
+    """Fit each (name, steps, pp, plan.strategy) in turn; rank 0 saves the weights."""
+    for name, steps, pp, strategy in runs:
+        result = tandem.fit(task(), argv=argv(out, name, steps, pp, strategy=strategy))
         if rank == 0:
             torch.save({"state": result.model.state_dict(), "summary": result.summary},
                        Path(out, f"{name}.pt"))
@@ -157,16 +164,28 @@ def test_a_stuck_schedule_is_stopped_and_named(tmp_path: Path) -> None:
             "stage 1, action F of micro-batch") in out, out
 
 
-@pytest.mark.timeout(180)
-def test_two_pipeline_replicas_train_what_one_process_trains(tmp_path: Path) -> None:
-    # PP2 x DP2 on four processes for half the steps, the rest on one process: the
-    # replicas' averaged stage gradients and the resharded checkpoint give the one-process
-    # weights (each replica draws its half of every global batch).
+@pytest.mark.timeout(200)
+def test_pipeline_replicas_or_shards_train_what_one_process_trains(tmp_path: Path) -> None:
+    # Four processes for half the steps, as PP2 x DP2 (the replicas' stage gradients
+    # averaged) and then as PP2 x FSDP2 (each stage's parameters sharded over its two data
+    # ranks, gradients reduce-scattered, the norm clipped over every shard of every stage);
+    # each replica or shard draws its half of every global batch. The rest of the steps on
+    # one process: the resharded checkpoints (the FSDP2 one of DTensor shards under the
+    # whole model's names), optimizer state included, give the one-process weights.
     half = STEPS // 2
-    run_ranks(_fit, 4, str(tmp_path), [("pp2dp2", half, 2)], timeout=150)
-    first = torch.load(tmp_path / "pp2dp2.pt", weights_only=False)["summary"]
-    assert (first["world_size"], first["steps"]) == (4, half)
-    run_ranks(_fit, 1, str(tmp_path), [("pp2dp2", STEPS, 1)], timeout=60)
-    got = torch.load(tmp_path / "pp2dp2.pt", weights_only=False)
-    assert got["summary"]["steps"] == STEPS
-    assert_weights(got["state"], reference(STEPS)[0])
+    run_ranks(_fits, 4, str(tmp_path), [("pp2dp2", half, 2, "auto"),
+                                        ("pp2fsdp2", half, 2, "fsdp")], timeout=170)
+    at_half = reference(half)[0]
+    for name, strategy in (("pp2dp2", "pp"), ("pp2fsdp2", "pp_fsdp")):
+        first = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+        assert (first["summary"]["world_size"], first["summary"]["steps"]) == (4, half)
+        with RunStore(tmp_path / "tandem.db") as store:
+            assert store.run(name)["plan"]["strategy"] == strategy
+        assert_weights(first["state"], at_half)
+    run_ranks(_fits, 1, str(tmp_path), [("pp2dp2", STEPS, 1, "auto"),
+                                        ("pp2fsdp2", STEPS, 1, "auto")], timeout=60)
+    want = reference(STEPS)[0]
+    for name in ("pp2dp2", "pp2fsdp2"):
+        got = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+        assert got["summary"]["steps"] == STEPS
+        assert_weights(got["state"], want)

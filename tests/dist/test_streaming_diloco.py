@@ -1,5 +1,6 @@
 """Streaming DiLoCo against an independent computation of its math (one process, plain
-PyTorch replicas), DiLoCo itself at P = 1, tau = 0, and a kill/resume in mid-flight."""
+PyTorch replicas), DiLoCo itself at P = 1, tau = 0, its outer sums in each format against
+the plain sum, and a kill/resume in mid-flight."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 import tandem
 from tandem.monitor.store import RunStore
+from tandem.parallel.outer_sum import OUTER_DTYPES, start_sum
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks
 
@@ -44,16 +46,30 @@ def _plans(rank: int, world: int, out: str) -> None:
     dist.init_process_group("gloo")  # one group for the runs one after another
     for tag, plan in PLANS.items():
         _fit(out, tag, plan)
+    sums = {}
+    for dtype in OUTER_DTYPES:
+        summed = start_sum(_outer_grad(rank), SIZES, dtype)
+        sums[dtype] = (summed.wait(), torch.tensor(summed.bytes_sent))
+    torch.save(sums, Path(out, f"sums-{rank}.pt"))
     dist.destroy_process_group()
 
 
+SIZES = [30, 5, 65]  # tensors of a fragment: int8 scales each on its own
+
+
+def _outer_grad(rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank)
+    return torch.cat([torch.randn(n, generator=g) * 10.0 ** -k for k, n in enumerate(SIZES)])
+
+
 def reference(steps: int, fragments: int, tau: int, alpha: float = 0.5,
-              optimizer=_sgd) -> dict:  # type: ignore[no-untyped-def]
+              optimizer=_sgd, ddp_steps: int = 0) -> dict:  # type: ignore[no-untyped-def]
     """WORLD replicas of the toy model in one process, on flat parameter vectors: each
     replica trains on its share of every global batch; fragment p (the p-th of P equal
     runs of the vector) meets at the steps s with (s - p*H//P) % H == 0, and its averaged
     pseudo-gradient is applied tau steps later (outer Nesterov SGD), the replica's run
-    replaced (tau = 0) or mixed with alpha; after the last step all meet and replace."""
+    replaced (tau = 0) or mixed with alpha; after the last step all meet and replace.
+    The first `ddp_steps` train one model on the whole global batch (DDP's math)."""
     torch.manual_seed(tandem.runtime.derive_seed("build", 7))
     data, base = toy_task.IndexedData(), toy_task.make_model()
     reps = [copy.deepcopy(base) for _ in range(WORLD)]
@@ -83,7 +99,15 @@ def reference(steps: int, fragments: int, tau: int, alpha: float = 0.5,
             with torch.no_grad():
                 vector_to_parameters(v, reps[r].parameters())
 
-    for step in range(steps):
+    for step in range(ddp_steps):
+        ids = torch.tensor(order[step * GLOBAL:(step + 1) * GLOBAL])
+        opts[0].zero_grad()
+        torch.nn.functional.mse_loss(reps[0](data.x[ids]), data.y[ids]).backward()
+        opts[0].step()
+    for r in range(1, WORLD):
+        reps[r].load_state_dict(reps[0].state_dict())
+    outer = parameters_to_vector(reps[0].parameters()).detach().clone()
+    for step in range(ddp_steps, steps):
         ids = order[step * GLOBAL:(step + 1) * GLOBAL]
         for r, (model, opt) in enumerate(zip(reps, opts, strict=True)):
             mine = torch.tensor(ids[r * share:(r + 1) * share])
@@ -113,7 +137,7 @@ def _close(got: dict, want: dict) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_streaming_matches_its_math_and_diloco_at_one_fragment(tmp_path: Path) -> None:
+def test_streaming_matches_its_math_diloco_and_sums_in_each_format(tmp_path: Path) -> None:
     run_ranks(_plans, WORLD, str(tmp_path), timeout=160)
     w = {tag: [torch.load(tmp_path / f"{tag}-{r}.pt", weights_only=True) for r in range(WORLD)]
          for tag in PLANS}
@@ -129,6 +153,25 @@ def test_streaming_matches_its_math_and_diloco_at_one_fragment(tmp_path: Path) -
     # 2(N-1)/N = 1 of a fragment's fp32 values: the toy model's 515 cut 257 | 258.
     assert max(peak) == 258 * 4
     assert overlap and all(0 <= v <= 1 for v in overlap)
+    # The outer gradients' sum in every format, against the sum of both ranks' vectors.
+    sums = [torch.load(tmp_path / f"sums-{r}.pt", weights_only=True) for r in range(WORLD)]
+    grads = [_outer_grad(r) for r in range(WORLD)]
+    want = grads[0] + grads[1]
+    scales = [torch.stack([part.abs().max() / 127 for part in torch.split(g, SIZES)])
+              for g in grads]
+    int8_bound = torch.repeat_interleave(sum(scales) / 2, torch.tensor(SIZES))
+    # Half precision: two roundings of each value and one of the sum, relative to the
+    # values summed (a sum that cancels keeps their absolute error).
+    size = grads[0].abs() + grads[1].abs()
+    for dtype, bound in (("fp32", 1e-6 * size), ("fp16", 2.0 ** -10 * size),
+                         ("bf16", 2.0 ** -7 * size), ("int8", int8_bound)):
+        got = sums[0][dtype][0]
+        assert torch.equal(got, sums[1][dtype][0]), dtype  # one sum on every rank
+        assert ((got - want).abs() <= bound + 1e-7).all(), dtype
+    # Bytes a rank sends: a ring all-reduce 2(N-1)/N of the buffer, an all-gather N-1
+    # copies of the int8 values and the 3 scales.
+    assert {d: int(sums[0][d][1]) for d in OUTER_DTYPES} == {
+        "fp32": 400, "fp16": 200, "bf16": 200, "int8": 100 + 3 * 4}
 
 
 def _kill_and_resume(rank: int, world: int, out: str) -> None:
@@ -144,6 +187,13 @@ def _kill_and_resume(rank: int, world: int, out: str) -> None:
     toy_task.SEEN.clear()
     _fit(out, "run", plan, toy_task.make_optimizer, checkpoint=ckpt)
     Path(out, f"seen-{rank}.json").write_text(json.dumps(first + toy_task.SEEN))
+    # A DDP run's checkpoint resumed as streaming DiLoCo: its outer parameters start from
+    # the DDP weights (the checkpoint holds no streaming state).
+    _fit(out, "switch", {"strategy": "ddp"}, train={"steps": 8},
+         checkpoint={"every": 0, "at_end": True})
+    _fit(out, "switch", plan)
+    with pytest.raises(tandem.errors.UsageError, match="resume it with the same plan on 2"):
+        _fit(out, "run", {**plan, "fragments": 1}, toy_task.make_optimizer)  # 2 parts: refused
     dist.destroy_process_group()
 
 
@@ -159,3 +209,5 @@ def test_a_resume_in_mid_flight_loses_no_sample_and_no_fragment_update(tmp_path:
     want = reference(STEPS, 2, 1, optimizer=toy_task.make_optimizer)
     for r in range(WORLD):
         _close(torch.load(tmp_path / f"run-{r}.pt", weights_only=True), want)
+    _close(torch.load(tmp_path / "switch-0.pt", weights_only=True),
+           reference(STEPS, 2, 1, ddp_steps=8))

@@ -48,6 +48,21 @@ def test_validation_follows_the_combination_rules() -> None:
         validate(_config(strategy="fsdp", tp=2))
 
 
+def test_pipeline_stages_combine_with_replicas_or_shards() -> None:
+    from tandem.parallel import strategy_name
+
+    for strategy, concrete in (("auto", "pp"), ("ddp", "pp"), ("fsdp", "pp_fsdp")):
+        cfg = validate(_config(strategy=strategy, pp=2))
+        assert strategy_name(cfg.plan, 4) == concrete
+    with pytest.raises(ValueError, match="'localsgd' does not compose with them here: use "
+                                         "'auto', 'ddp' or 'fsdp'"):
+        validate(_config(strategy="localsgd", pp=2))
+    with pytest.raises(ValueError, match="pipeline and tensor parallelism do not compose"):
+        validate(_config(strategy="ddp", pp=2, tp=2))
+    with pytest.raises(ValueError, match="'Interleaved1F1B' runs several stages per process"):
+        validate(_config(strategy="fsdp", pp=2, pp_schedule="Interleaved1F1B", pp_virtual=2))
+
+
 def test_the_search_space_uses_the_registry() -> None:
     assert space.EXACT_STRATEGIES == {s.name for s in registry.REGISTRY.values()
                                       if s.choosable and s.exact}

@@ -1,5 +1,5 @@
 """Streaming DiLoCo's parts that need no process group: the fragments, the int8
-outer gradients and the plan's validation."""
+outer gradients, the plan's validation and what a resume may change."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import torch
 
 import tandem
 from tandem.config import validate
+from tandem.errors import UsageError
 from tandem.parallel.outer_sum import dequantise, quantise
 from tandem.parallel.streaming import slices
+from tandem.trainer.resume_rules import plan_state_kept
 
 
 def test_fragments_are_equal_contiguous_runs_that_may_end_inside_a_tensor() -> None:
@@ -67,3 +69,22 @@ def test_streaming_checkpoints_may_fall_between_meetings() -> None:
     cfg.plan.strategy = "diloco"
     with pytest.raises(ValueError, match="checkpoint.every: 5 must be a multiple"):
         validate(cfg)
+
+
+def _plan(strategy: str, fragments: int = 4) -> tandem.Config:
+    cfg = tandem.Config()
+    cfg.plan.strategy, cfg.plan.fragments = strategy, fragments
+    return cfg
+
+
+def test_a_resume_keeps_the_same_plans_state_and_replicas_only_as_they_were() -> None:
+    assert plan_state_kept(_plan("ddp"), _plan("ddp"), 2, 4)
+    assert plan_state_kept(_plan("diloco"), _plan("diloco"), 2, 2)
+    # Another plan's state: the new plan's starts from the loaded weights.
+    assert not plan_state_kept(_plan("ddp"), _plan("streaming_diloco"), 2, 2)
+    assert not plan_state_kept(_plan("localsgd"), _plan("diloco"), 2, 2)
+    assert plan_state_kept(_plan("streaming_diloco"), _plan("streaming_diloco"), 2, 2)
+    for new, world in ((_plan("ddp"), 2), (_plan("streaming_diloco"), 4),
+                       (_plan("streaming_diloco", 2), 2)):
+        with pytest.raises(UsageError, match="resume it with the same plan on 2 processes"):
+            plan_state_kept(_plan("streaming_diloco"), new, 2, world)

@@ -131,6 +131,12 @@ class Held(Component):
         """Restore the held object's state."""
         self.state.load_state_dict(state)
 
+    def fresh_start(self) -> None:
+        """The checkpoint holds no state for the held object: it starts afresh, if it can."""
+        start = getattr(self.state, "fresh_start", None)
+        if start is not None:
+            start()
+
 
 def is_stateful(component: Component) -> bool:
     """Whether the component has a state that checkpoints keep."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tandem.parallel.registry import AUTO, DDP, PP, REGISTRY, SINGLE, TP, either
+from tandem.parallel.registry import AUTO, DDP, FSDP, PP, PP_FSDP, REGISTRY, SINGLE, TP, either
 
 if TYPE_CHECKING:
     from tandem.config import PlanConfig
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def strategy_name(plan: PlanConfig, world_size: int) -> str:
     """The concrete strategy for this world size ("tp": data x tensor parallel)."""
     if plan.pp > 1:
-        return PP.name
+        return PP_FSDP.name if plan.strategy == FSDP.name else PP.name
     if plan.tp > 1:
         return TP.name
     if plan.strategy == AUTO.name:

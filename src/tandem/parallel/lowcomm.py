@@ -106,6 +106,11 @@ class LowCommSync:
         _unflatten_into(self.outer, self.tensors)
         return True
 
+    def restart(self) -> None:
+        """DiLoCo's outer parameters from the weights now held, momentum zero."""
+        self.outer.copy_(_flat(self.tensors))
+        self.velocity.zero_()
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """DiLoCo's outer parameters and momentum (checkpointed with the model)."""
         return {"outer": self.outer, "velocity": self.velocity}
@@ -150,6 +155,11 @@ class LowCommStrategy(Strategy):
         """Restore `state_dict` output."""
         assert self.meetings is not None, "wrap() first"
         self.meetings.load_state_dict(state)
+
+    def fresh_start(self) -> None:
+        """Resumed from another plan's checkpoint: the outer parameters are its weights."""
+        assert self.meetings is not None, "wrap() first"
+        self.meetings.restart()
 
     def describe(self) -> dict[str, object]:
         """Plan entries for the run record."""

@@ -4,7 +4,7 @@ The mesh's axes, outermost first, are pipeline stages (`pp`), data-parallel repl
 (`dp_replicate`: each holds whole weights, DDP), data-parallel shards (`dp_shard`: the
 weights split over them, FSDP) and tensor-parallel peers (`tp`). A rank's data-parallel
 index counts over both data axes: the data it reads depends on it only. Pipeline
-stages combine with data-parallel replicas (a (pp, dp) mesh), not yet with shards or
+stages combine with data-parallel replicas or shards (a (pp, dp) mesh), not yet with
 tensor parallelism.
 """
 
@@ -85,17 +85,20 @@ def layout(tp: int, rank: int, world_size: int, device: torch.device,
            shard: bool = False, pp: int = 1) -> Layout:
     """The layout of `world_size` ranks with `tp` tensor-parallel peers per replica (or
     `pp` pipeline stages); the data-parallel processes are shards of the weights (`shard`,
-    FSDP) or replicas. Builds the device mesh when tp > 1 or pp > 1."""
+    FSDP) or replicas (of each stage, under a pipeline). Builds the device mesh when tp > 1
+    or pp > 1."""
     if pp > 1:
-        if tp > 1 or shard:
-            raise ValueError(f"plan.pp: {pp} pipeline stages combine with data-parallel "
-                             "replicas only (plan.strategy 'auto' or 'ddp', plan.tp 1)")
+        if tp > 1:
+            raise ValueError(f"plan.pp: {pp} pipeline stages do not combine with plan.tp "
+                             f"{tp} here; use one of them")
         if world_size % pp:
             raise ValueError(f"plan.pp: {pp} does not divide the {world_size} processes; "
                              f"use a divisor of {world_size}")
         dp = world_size // pp
         mesh = init_device_mesh(device.type, (pp, dp), mesh_dim_names=("pp", "dp"))
-        return Layout(sizes=(pp, dp, 1, 1), coords=(rank // dp, rank % dp, 0, 0), mesh=mesh)
+        sizes, coords = ((pp, 1, dp, 1), (rank // dp, 0, rank % dp, 0)) if shard else (
+            (pp, dp, 1, 1), (rank // dp, rank % dp, 0, 0))
+        return Layout(sizes=sizes, coords=coords, mesh=mesh)
     if tp < 1:
         raise ValueError(f"plan.tp: {tp} must be >= 1")
     if world_size % tp:

@@ -115,6 +115,7 @@ class PipelineStrategy(Strategy):
         local = shell(model, [u for s in self.mine for u in self.split[s]])
         local.forward = self._dispatch  # type: ignore[method-assign]
         self.parts = [shell(model, self.split[s]) for s in self.mine]
+        self.stage_modules = [_Part(part, self) for part in self.parts]
         self.aliases = _aliases(model)
         log.info("pipeline: %d stages (%s), this rank runs %s: %s", self.stage_count,
                  plan.pp_schedule, self.mine, " | ".join(",".join(self.split[s])
@@ -133,9 +134,9 @@ class PipelineStrategy(Strategy):
 
         name = self.plan.pp_schedule
         schedules.check(name, self.pp, self.plan.pp_virtual, micro)
-        stages = [PipelineStage(_Part(part, self), s, self.stage_count, self.runtime.device,
+        stages = [PipelineStage(module, s, self.stage_count, self.runtime.device,
                                 group=self.pp_group)
-                  for s, part in zip(self.mine, self.parts, strict=True)]
+                  for s, module in zip(self.mine, self.stage_modules, strict=True)]
         for stage in stages:
             label = stage.stage_index
             for attr, kind in (("forward_one_chunk", "F"), ("backward_one_chunk", "B"),
@@ -248,36 +249,59 @@ class PipelineStrategy(Strategy):
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if self.layout.dp_size > 1 and params:
-            from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-            grads = [p.grad for p in params]
-            flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.layout.dp_group)
-            flat /= self.layout.dp_size
-            for g, v in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-                g.copy_(v)
+        self._average_replicas(params)
         held = {id(p): p for p in params}
         for fqns, param in self.aliases:
             owners = {self._owner(f) for f in fqns}
             if len(owners) < 2:
                 continue
             mine = held.get(id(param))
-            grad = mine.grad if mine is not None else torch.zeros_like(param)
+            grad = (self._local(mine.grad) if mine is not None and mine.grad is not None
+                    else self._no_grad(param))
             dist.all_reduce(grad, group=self.pp_group)
+
+    def _average_replicas(self, params: list[nn.Parameter]) -> None:
+        """Average the stage gradients over the data-parallel replicas (one flat
+        all-reduce)."""
+        if self.layout.dp_size == 1 or not params:
+            return
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        grads = [p.grad for p in params]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.layout.dp_group)
+        flat /= self.layout.dp_size
+        for g, v in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(v)
+
+    @staticmethod
+    def _local(tensor: torch.Tensor) -> torch.Tensor:
+        """The part of `tensor` this rank holds (all of it: stages are replicated)."""
+        return tensor
+
+    def _no_grad(self, param: nn.Parameter) -> torch.Tensor:
+        """Zeros in place of this rank's part of the gradient of a parameter it does not
+        train (a tied weight whose stages are elsewhere)."""
+        return torch.zeros_like(param)
+
+    @property
+    def _norm_group(self) -> dist.ProcessGroup | None:
+        """The ranks whose gradients together make the whole model's once (one replica's
+        pipeline)."""
+        return self.pp_group
 
     def grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
         """The whole model's gradient norm (each tied parameter counted once); clip."""
         counted = [p for p in params if p.grad is not None and self._counts(p)]
-        sq = sum((p.grad.detach().float().pow(2).sum() for p in counted),
+        sq = sum((self._local(p.grad.detach()).float().pow(2).sum() for p in counted),
                  torch.zeros((), device=self.runtime.device))
-        dist.all_reduce(sq, group=self.pp_group)
+        dist.all_reduce(sq, group=self._norm_group)
         norm = sq.sqrt()
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
             for p in params:
                 if p.grad is not None:
-                    p.grad.detach().mul_(coef.to(p.grad.dtype))
+                    self._local(p.grad.detach()).mul_(coef.to(p.grad.dtype))
         return norm
 
     def _counts(self, param: torch.nn.Parameter) -> bool:
@@ -308,9 +332,15 @@ class PipelineStrategy(Strategy):
         assert self.full is not None
         group = self.pp_group
         for fqn, tensor in [*self.full.named_parameters(), *self.full.named_buffers()]:
-            src = dist.get_global_rank(group, self._owner(fqn))
-            dist.broadcast(tensor.data, src=src, group=group)
+            owner = self._owner(fqn)
+            if owner == self.pp_rank:
+                self._fill(fqn, tensor)
+            dist.broadcast(tensor.data, src=dist.get_global_rank(group, owner), group=group)
         self.stale = False
+
+    def _fill(self, fqn: str, tensor: torch.Tensor) -> None:
+        """Copy this rank's trained value of `fqn` into the whole model's `tensor` (it is
+        that value already: the stages share the whole model's parameters)."""
 
     def window_figures(self, steps: int, micro_batches: int) -> dict[str, float | list[float]]:
         """Per step, for every rank: its stages' forward and backward seconds, their idle

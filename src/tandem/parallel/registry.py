@@ -88,9 +88,14 @@ PP = StrategyInfo(
     name="pp", path="tandem.parallel.pipeline:PipelineStrategy",
     summary="pipeline stages x data-parallel replicas, chosen by plan.pp > 1",
     choosable=False, exact=True)
+PP_FSDP = StrategyInfo(
+    name="pp_fsdp", path="tandem.parallel.pipeline_fsdp:PipelineFSDPStrategy",
+    summary="pipeline stages x FSDP2 shards of each stage, chosen by plan.pp > 1 with "
+    "plan.strategy fsdp", choosable=False, exact=True)
 
 REGISTRY: dict[str, StrategyInfo] = {
-    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, STREAMING_DILOCO, TP, PP)}
+    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, STREAMING_DILOCO, TP, PP,
+                             PP_FSDP)}
 # The values `plan.strategy` accepts, in the order the reference lists them.
 CHOICES: tuple[str, ...] = tuple(s.name for s in REGISTRY.values() if s.choosable)
 

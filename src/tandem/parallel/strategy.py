@@ -221,6 +221,10 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict` output."""
 
+    def fresh_start(self) -> None:
+        """The run resumed from a checkpoint of another plan, without this plan's state:
+        start it from the weights loaded."""
+
     def keep_per_replica(self, name: str, state: Any) -> None:
         """A state that replicas hold differently between meetings (the optimizer's
         moments, a `Stateful`): a plan whose checkpoints hold every replica keeps each

@@ -217,6 +217,15 @@ class StreamingSync:
         return figures
 
     # ------------------------------------------------------------ state
+    def restart(self) -> None:
+        """Outer parameters from the weights now held (the same on every rank), momentum
+        zero, nothing in flight."""
+        for f in self.fragments:
+            f.outer.copy_(_flat(f.tensors))
+            f.velocity.zero_()
+            f.replaced = True
+        self.in_flight.clear()
+
     def state_dict(self) -> dict[str, Any]:
         """Outer parameters and momentum, this rank's replica (its own keys) and every
         sum in flight (waited for now: the same sum on every rank) with its due step."""
@@ -311,6 +320,11 @@ class StreamingDiLoCoStrategy(Strategy):
         """Restore `state_dict` output."""
         assert self.sync is not None, "wrap() first"
         self.sync.load_state_dict(state)
+
+    def fresh_start(self) -> None:
+        """Resumed from another plan's checkpoint: the outer parameters are its weights."""
+        assert self.sync is not None, "wrap() first"
+        self.sync.restart()
 
     def keep_per_replica(self, name: str, state: Any) -> None:
         """Keep this rank's own `state` (the optimizer's) in checkpoints."""

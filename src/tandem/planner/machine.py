@@ -61,12 +61,17 @@ def parse_machine(text: str) -> Machine:
 
 def this_host() -> Machine:
     """One process per core; each gets an equal share of the memory; the matmul rate
-    measured here (fp32, one thread) is each one's peak; gloo over loopback."""
+    measured here with one thread (fp32) is each one's peak; gloo over loopback."""
     import torch
 
     from tandem.monitor.flops import peak_flops
 
     cores = len(os.sched_getaffinity(0))
-    peak, _ = peak_flops(torch.device("cpu"), "fp32")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each worker runs (`tandem run` gives each one thread)
+    try:
+        peak, _ = peak_flops(torch.device("cpu"), "fp32")
+    finally:
+        torch.set_num_threads(threads)
     memory = psutil.virtual_memory().total / cores
     return Machine("cpu", cores, cores, memory, peak, 2 * GB, 2 * GB)

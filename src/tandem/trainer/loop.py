@@ -113,6 +113,7 @@ class Trainer:
                              self.state, self.progress, self.components.restores_frozen),
                  *self.components.components]
         self.rollback_states = rollback_names(parts)
+        self.parts = {c.key: c for c in parts}  # by state name: those a resume starts afresh
         self.checkpoints = CheckpointManager(
             self.run_dir / "checkpoints", checkpoint_states(parts), keep=config.checkpoint.keep,
             asynchronous=config.checkpoint.async_save, device=runtime.device,
@@ -136,7 +137,7 @@ class Trainer:
             self.components.optional, lambda: self.state.step >= train.steps or (
                 train.stop_at_target and self.progress.target_reached is not None))
         for name in loaded.fresh:  # e.g. averaging switched on at this resume
-            self.components.named(name).fresh_start()
+            self.parts[name].fresh_start()
         if loaded.resumed.path is not None:
             self.progress.attempts += 1
             self.lr.extra = self.progress.lr_scale

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from tandem import checkpoint
 from tandem.checkpoint import CheckpointManager
 from tandem.config import Config, FaultConfig, config_from_dict
@@ -17,7 +19,7 @@ from tandem.errors import UsageError
 from tandem.trainer import resume_rules
 from tandem.trainer.progress import Reporter
 from tandem.trainer.resumed import Resumed
-from tandem.trainer.state import Progress
+from tandem.trainer.state import STRATEGY, Progress
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,8 @@ class Loaded:
     """What `resume` did: what it found, and the optional states the checkpoint lacked."""
 
     resumed: Resumed
-    fresh: list[str]  # optional states not in the checkpoint: their owners start afresh
+    fresh: list[str]  # states not loaded (optional ones the checkpoint lacks, another
+    # plan's strategy state): their owners start afresh
 
 
 def resume(checkpoints: CheckpointManager, config: Config, run_dir: Path,
@@ -61,10 +64,13 @@ def resume(checkpoints: CheckpointManager, config: Config, run_dir: Path,
             "another run.name or run.resume 'auto' (nothing was overwritten)")
     meta = checkpoint.read_meta(found)
     step = int(found.name.removeprefix("step_"))
-    warning = resume_rules.check(config_from_dict(meta.get("config", {})), config, step,
-                                 (meta.get("optimizer"), optimizer))
+    old = config_from_dict(meta.get("config", {}))
+    warning = resume_rules.check(old, config, step, (meta.get("optimizer"), optimizer))
     saved = meta.get("states", {})
     fresh = [name for name in optional if name not in saved]
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if not resume_rules.plan_state_kept(old, config, int(meta.get("world_size", world)), world):
+        fresh.append(STRATEGY)  # another plan's: this plan's starts from the loaded weights
     names = [name for name in checkpoints.states if name not in fresh]
     if resume_rules.OPTIMIZER in warning:  # another optimizer, allowed: start its state
         names.remove("optim")

@@ -18,6 +18,7 @@ from typing import Any
 from tandem.config import Config
 from tandem.errors import UsageError
 from tandem.optim.schedule import lr_multiplier
+from tandem.parallel.registry import REGISTRY
 
 GUARDED = ("train.global_batch", "train.batch_ramp", "run.seed", "precision.mode",
            "train.label_smoothing", "train.seq_ramp", "data.mix")
@@ -68,6 +69,26 @@ def _shown(value: Any) -> str:
         settings = ", ".join(f"{k}={v}" for k, v in groups[0].items())
         return f"{value['type']!r} ({settings})"
     return repr(value)
+
+
+def plan_state_kept(old: Config, new: Config, old_world: int, world: int) -> bool:
+    """Whether the checkpoint's strategy state is the new plan's to load (else the new
+    plan's starts afresh from the weights loaded: DiLoCo's outer parameters are them).
+
+    A plan whose checkpoints hold every replica (between meetings the run's own model
+    section holds, tensor by tensor, any one of them) resumes only as itself, with the
+    same parts and world size: raise UsageError otherwise."""
+    before, now = old.plan, new.plan
+    if not REGISTRY[before.strategy].saves_replicas:
+        return before.strategy == now.strategy
+    if (now.strategy, now.fragments, world) != (before.strategy, before.fragments, old_world):
+        raise UsageError(
+            f"run.resume: the checkpoint holds the replicas of plan.strategy "
+            f"{before.strategy!r} (plan.fragments {before.fragments}) on {old_world} "
+            f"processes, which differ between meetings; resume it with the same plan on "
+            f"{old_world} processes (now: {now.strategy!r}, plan.fragments {now.fragments}, "
+            f"{world} processes), or start a new run from its weights with run.init_from")
+    return True
 
 
 def lr_note(old: Config, new: Config, step: int) -> str:

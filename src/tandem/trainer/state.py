@@ -77,6 +77,9 @@ class Progress:
             setattr(self, f.name, getattr(fresh, f.name))
 
 
+STRATEGY = "strategy"  # the name of the strategy's state
+
+
 def own_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy,
                precision: Stateful, state: TrainState, progress: Progress,
                skip_frozen: bool = False) -> list[Held]:
@@ -89,5 +92,5 @@ def own_states(model: torch.nn.Module, optimizer: torch.optim.Optimizer, strateg
     strategy.keep_per_replica("optim", optim)
     return [Held("model", ModelWeights(model, skip_frozen), True),
             Held("optim", optim, True),
-            Held("strategy", strategy, True), Held("precision", precision, True),
+            Held(STRATEGY, strategy, True), Held("precision", precision, True),
             Held("train", state, True), Held("progress", progress, False)]
