@@ -8,8 +8,11 @@ parameters again for each); the schedule keeps the gradients unsharded until the
 last backward and then reduce-scatters them (their mean over the shards), so nothing
 else averages the data-parallel ranks. The sharded parameters keep the whole model's
 names (`blocks.2.attn.q.weight`, a tied head weight named as its embedding), so DCP
-reshards checkpoints between this layout and any other. The gradient norm sums every
-rank's shard of every stage once.
+reshards checkpoints between this layout and any other. Tied weights on two processes
+have their gradient shards summed over the stages; on one process (a V-shaped schedule
+puts the first and last stages together) both stages' FSDP2 units hold the one sharded
+parameter, and each adds its reduce-scattered part to its gradient. The gradient norm
+sums every rank's shard of every stage once.
 
 The whole model, run only for the preflight check, evaluation and the exported module,
 is a plain copy that every stage's shards are gathered into on use.
