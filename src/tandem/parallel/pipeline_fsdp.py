@@ -89,12 +89,11 @@ class PipelineFSDPStrategy(PipelineStrategy):
         return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
     def _no_grad(self, param: nn.Parameter) -> torch.Tensor:
-        """Zeros of the shape of this rank's shard (FSDP2 cuts dim 0 as torch.chunk)."""
-        rows, shards, index = param.shape[0], self.layout.dp_size, self.layout.dp_rank
-        per = -(-rows // shards)
-        start = min(rows, per * index)
-        return torch.zeros((min(rows, start + per) - start, *param.shape[1:]),
-                           dtype=param.dtype, device=param.device)
+        """Zeros of the shape of this rank's shard (FSDP2 cuts dim 0 as torch.chunk does,
+        the ranks past the last chunk holding none)."""
+        chunks = torch.chunk(torch.empty(param.shape[0], device="meta"), self.layout.dp_size)
+        rows = chunks[self.layout.dp_rank].shape[0] if self.layout.dp_rank < len(chunks) else 0
+        return torch.zeros((rows, *param.shape[1:]), dtype=param.dtype, device=param.device)
 
     @property
     def _norm_group(self) -> dist.ProcessGroup | None:
