@@ -62,3 +62,19 @@ def test_the_run_store_of_a_script_from_its_flags(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('[run]\ndir = "elsewhere"\n')
     assert store_of(["--config", str(cfg)]) == Path("elsewhere/tandem.db")
+
+
+def test_a_pipelines_stages_get_bubble_heatmaps(tmp_path: Path) -> None:
+    from tandem.dashboard.series import run_lines
+    from tandem.monitor.store import RunStore
+
+    with RunStore(tmp_path / "runs.db") as store:
+        store.start_run("pp-1", "pp", {}, {"strategy": "pp"}, {})
+        store.log_metrics("pp-1", [(step, rank, name, 0.1 * (rank + 1) + step / 1000, 0.0)
+                                   for step in (5, 10) for rank in (-1, 0, 1)
+                                   for name in ("pp/bubble", "pp/bubble_predicted")])
+        lines = run_lines(store._conn, "pp-1")
+    heat = lines["heatmaps"]["pp/bubble"]
+    assert heat["ranks"] == [0, 1] and heat["step"] == [5, 10]
+    assert heat["values"][1] == [0.2 + 0.005, 0.2 + 0.01]
+    assert "pp/bubble_predicted" in lines["heatmaps"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from tandem.dashboard import queries, shape
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
+from tandem.monitor.catalogue import HEATMAPS
 
 
 def run_lines(conn: sqlite3.Connection, run_id: str, limit: int = DEFAULT_POINTS,
@@ -20,7 +21,7 @@ def run_lines(conn: sqlite3.Connection, run_id: str, limit: int = DEFAULT_POINTS
               job_only: bool = False, times: bool = True) -> dict[str, Any]:
     """{"series": name -> rank -> line, "heatmaps", "last_step", "last_time"} of a run:
     the job-wide line of each metric where there is one, else each rank's (up to
-    shape.MAX_RANK_LINES), and the rank x window heatmaps of shape.HEATMAP_NAMES."""
+    shape.MAX_RANK_LINES), and the rank x window heatmaps of catalogue.HEATMAPS."""
     series: dict[str, dict[str, Any]] = {}
     heatmaps: dict[str, Any] = {}
     last_step, last_time = 0, None
@@ -39,7 +40,7 @@ def run_lines(conn: sqlite3.Connection, run_id: str, limit: int = DEFAULT_POINTS
         if chosen:
             series[name] = {str(r): shape.series_payload(by_rank[r], limit, times)
                             for r in chosen}
-        if not job_only and name in shape.HEATMAP_NAMES:
+        if not job_only and name in HEATMAPS:
             if (heat := shape.heatmap(by_rank, columns)) is not None:
                 heatmaps[name] = heat
     return {"series": series, "heatmaps": heatmaps, "last_step": last_step,

@@ -9,11 +9,8 @@ from typing import Any
 
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS, column_max, take
 from tandem.dashboard.downsample import minmax_indices as _indices
-from tandem.monitor.catalogue import STRAGGLER_SCORE, TIME_STEP
 
 JOB = -1  # the rank of job-wide rows
-# Names drawn as rank x window heatmaps from their per-rank rows.
-HEATMAP_NAMES = (TIME_STEP, STRAGGLER_SCORE)
 # Names with only per-rank rows are drawn one line per rank, up to this many ranks.
 MAX_RANK_LINES = 16
 # Events that start a new segment of a run (a resumed or restarted process group).

@@ -180,8 +180,9 @@ TRAINING_CURVES = (LOSS, SAMPLES_PER_S, TOKENS_PER_S, GRAD_NORM, LR, LOSS_SCALE,
 STEP_TIMES = (TIME_STEP, TIME_STEP_P50, TIME_STEP_MAX)
 # Under time/ but not a part of each step: each is a chart of its own, not a phase.
 NOT_PHASES = (TIME_CHECKPOINT_BLOCKING, TIME_CALIBRATION, TIME_WIRE_PREDICTED)
-# Per-rank heat maps the dashboard draws.
-HEATMAPS = (TIME_STEP, STRAGGLER_SCORE)
+# Per-rank heat maps the dashboard draws (a pipeline's stages: their idle share, measured
+# and as the schedule predicts it).
+HEATMAPS = (TIME_STEP, STRAGGLER_SCORE, PP_BUBBLE, PP_BUBBLE_PREDICTED)
 
 
 def phase_metric(phase: str) -> str:
