@@ -193,3 +193,15 @@ def test_pipeline_replicas_or_shards_train_what_one_process_trains(tmp_path: Pat
         got = torch.load(tmp_path / f"{name}.pt", weights_only=False)
         assert got["summary"]["steps"] == STEPS
         assert_weights(got["state"], want)
+
+
+@pytest.mark.timeout(180)
+def test_a_checkpoint_moves_from_two_stages_to_four(tmp_path: Path) -> None:
+    # Half the steps on two stages, the rest on four (every stage boundary moves): each
+    # parameter's optimizer state and the sample order carry over.
+    half = STEPS // 2
+    run_ranks(_fit, 2, str(tmp_path), [("pp2to4", half, 2)], timeout=90)
+    run_ranks(_fit, 4, str(tmp_path), [("pp2to4", STEPS, 4)], timeout=150)
+    got = torch.load(tmp_path / "pp2to4.pt", weights_only=False)
+    assert (got["summary"]["steps"], got["summary"]["world_size"]) == (STEPS, 4)
+    assert_weights(got["state"], reference(STEPS)[0])

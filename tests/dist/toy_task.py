@@ -64,6 +64,19 @@ def config(run_dir: str, steps: int, global_batch: int, micro_batch: int = 0,
     return cfg
 
 
+# Fine-tunes of the toy model (their train sections, and their lengths): its first layer
+# frozen, or LoRA adapters on both Linears.
+FINE_TUNES = {"freeze": {"freeze": "0.*"}, "lora": {"lora_rank": 2}}
+FINE_TUNE_STEPS = {"freeze": 10, "lora": 20}
+
+
+def fine_tune_config(run_dir: str, steps: int, source: str, part: str) -> tandem.Config:
+    """config() of a fine-tune (FINE_TUNES[part]) from the weights at `source`, with a
+    checkpoint every 5 steps committed before the next step starts."""
+    return config(run_dir, steps, 20, run={"init_from": source}, train=FINE_TUNES[part],
+                  checkpoint={"every": 5, "async_save": False})
+
+
 def reference(steps: int, global_batch: int, seed: int = 7, clip: float = 0.0,
               skip: frozenset[int] = frozenset()) -> tuple[nn.Module, list[int]]:
     """One process, plain PyTorch: the documented global order, full-batch mean loss."""

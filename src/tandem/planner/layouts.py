@@ -7,9 +7,9 @@ tensor-parallel ranks, placed on the device mesh in that order (tp innermost, as
 Memory per device, for the stage that needs most: fp32 weights, gradients and optimizer
 state of its parameters (tensor-parallel layers split over tp, everything over fsdp);
 under FSDP the two largest units unsharded at once (prefetch); activations as the profile
-measured them (bf16 halves them), for as many micro-batches as the schedule keeps in
-flight (1F1B: min(m, pp) on the first stage), with checkpointing only each block's input
-plus one block's full set.
+measured them (bf16 halves them; the blocks' split over tp, as with sequence parallelism),
+for as many micro-batches as the schedule keeps in flight (1F1B: min(m, pp) on the first
+stage), with checkpointing only each block's input plus one block's full set.
 
 Step time: the stages' forward and backward FLOPs (a backward is two forwards; a
 checkpointed block runs its forward twice) at `efficiency` of the device's peak, times
