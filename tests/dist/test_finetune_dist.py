@@ -1,6 +1,7 @@
-"""Fine-tuning at two ranks: `run.init_from` a one-process run into FSDP2 with `train.freeze`
-(DCP reshards the source into each rank's shards; the frozen shards keep the source's
-values), and LoRA under DDP against the same run in one process."""
+"""Fine-tuning at two ranks: `run.init_from` a one-process run, and a DCP directory written
+under another library's names (`Task.map_weights`), into FSDP2 with `train.freeze` (DCP
+reshards the source into each rank's shards; the frozen shards keep the source's values),
+and LoRA under DDP against the same run in one process."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 import tandem
 from tests.dist import toy_task
@@ -17,8 +19,8 @@ from tests.dist.procs import run_ranks
 class FullAtStart(tandem.Component):
     """The full weights when the run starts (gathered from the shards, every rank)."""
 
-    def __init__(self, out: str) -> None:
-        self.out = out
+    def __init__(self, out: str, tag: str) -> None:
+        self.out, self.tag = out, tag
 
     def setup(self, parts: tandem.components.RunParts) -> None:
         from torch.distributed.checkpoint.state_dict import (
@@ -29,32 +31,58 @@ class FullAtStart(tandem.Component):
         full = get_model_state_dict(parts.module, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))
         if torch.distributed.get_rank() == 0:
-            torch.save(full, Path(self.out, "at_start.pt"))
+            torch.save(full, Path(self.out, f"at_start{self.tag}.pt"))
 
 
-def _leg(rank: int, world: int, out: str, source: str) -> None:
-    cfg = toy_task.config(out, 3, 20, plan={"strategy": "fsdp"})
-    cfg.run.init_from, cfg.train.freeze = source, "0.*"
-    result = tandem.fit(toy_task.task(), config=cfg, components=[FullAtStart(out)])
-    if rank == 0:
-        torch.save(result.model.state_dict(), Path(out, "final.pt"))
+def _from_other(key: str) -> str | None:
+    """Keys of {"app": {"model": OtherNet's state dict}} -> the toy model's names."""
+    layer, rest = key.removeprefix("app.model.").split(".", 1)
+    return {"hidden": "0", "out": "2"}.get(layer, layer) + "." + rest
+
+
+def _leg(rank: int, world: int, out: str, source: str, other: str) -> None:
+    # a tandem run, then a DCP directory written under another library's names
+    for tag, init_from, task in (("", source, toy_task.task()),
+                                 ("-other", other, _mapped_task())):
+        run = Path(out, f"run{tag}")
+        run.mkdir(exist_ok=True)
+        cfg = toy_task.config(str(run), 3, 20, plan={"strategy": "fsdp"})
+        cfg.run.init_from, cfg.train.freeze = init_from, "0.*"
+        result = tandem.fit(task, config=cfg, components=[FullAtStart(out, tag)])
+        if rank == 0:
+            torch.save(result.model.state_dict(), Path(out, f"final{tag}.pt"))
+
+
+def _mapped_task() -> tandem.Task:
+    task = toy_task.task()
+    return tandem.Task(model=task.model, optimizer=task.optimizer,
+                       train_data=task.train_data, loss=task.loss, map_weights=_from_other)
 
 
 @pytest.mark.timeout(300)
 def test_init_from_one_process_into_fsdp_shards_with_frozen_layers(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
     src = tmp_path / "src"
     cfg = toy_task.config(str(src), 4, 20, checkpoint={"at_end": True})
     source = tandem.fit(toy_task.task(), config=cfg).model.state_dict()
+    torch.manual_seed(5)
+    hidden, head = nn.Linear(12, 32), nn.Linear(32, 3)
+    other = {f"{name}.{k}": v for name, layer in (("hidden", hidden), ("out", head))
+             for k, v in layer.state_dict().items()}
+    dcp.save({"app": {"model": other}}, checkpoint_id=str(tmp_path / "other"))
     out = tmp_path / "ft"
     out.mkdir()
-    run_ranks(_leg, 2, str(out), str(src / "toy"), timeout=240)
-    at_start = torch.load(out / "at_start.pt", weights_only=True)
-    final = torch.load(out / "final.pt", weights_only=True)
-    for name, value in source.items():
-        assert torch.equal(at_start[name], value), name
-    for name in ("0.weight", "0.bias"):
-        assert torch.equal(final[name], source[name]), name
-    assert not torch.equal(final["2.weight"], source["2.weight"])
+    run_ranks(_leg, 2, str(out), str(src / "toy"), str(tmp_path / "other"), timeout=240)
+    for tag, weights in (("", source), ("-other", {_from_other(k): v for k, v in other.items()})):
+        at_start = torch.load(out / f"at_start{tag}.pt", weights_only=True)
+        final = torch.load(out / f"final{tag}.pt", weights_only=True)
+        assert set(at_start) == set(weights)
+        for name, value in weights.items():
+            assert torch.equal(at_start[name], value), (tag, name)
+        for name in ("0.weight", "0.bias"):
+            assert torch.equal(final[name], weights[name]), (tag, name)
+        assert not torch.equal(final["2.weight"], weights["2.weight"])
 
 
 def _lora_leg(rank: int, world: int, out: str) -> None:

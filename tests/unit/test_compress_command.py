@@ -4,7 +4,9 @@ program checked against independent computations."""
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,7 @@ import torch
 
 import tandem
 from tandem.cli import main
+from tandem.compress.candidates import FineTune
 from tandem.compress.experiment import ORIGINAL, Goal, choose, goal_of
 
 SCRIPT = Path(__file__).resolve().parents[1] / "dist" / "scripts" / "compress_task.py"
@@ -79,6 +82,30 @@ def chosen_is_not(found: dict, name: str) -> bool:
     return found["chosen"]["technique"] != name and any(
         r["technique"] == name and r["why"].startswith("the control")
         for r in found["rejected"])
+
+
+def test_a_fine_tune_with_the_original_as_teacher_is_a_plain_distillation_loop() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    import compress_task
+
+    torch.manual_seed(0)
+    teacher, student = compress_task.make_model().eval(), compress_task.make_model()
+    want = copy.deepcopy(student)
+    tune = FineTune(compress_task.task, 3, 32, 0.5, 1, teacher=teacher, distill=0.7,
+                    temperature=3.0)
+    tune.run(student)
+    opt = torch.optim.Adam(want.parameters(), lr=1e-2 * 0.5)
+    for step, (x, y) in zip(range(3), tune.batches(), strict=False):
+        opt.param_groups[0]["lr"] = 1e-2 * 0.5 * 0.5 * (1 + math.cos(math.pi * step / 3))
+        out = want(x)
+        p, q = (torch.softmax(t / 3.0, -1) for t in (teacher(x).detach(), out))
+        kd = 9.0 * (p * (p.log() - q.log())).sum(-1).mean()
+        loss = 0.7 * kd + 0.3 * torch.nn.functional.cross_entropy(out, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    for a, b in zip(student.parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:

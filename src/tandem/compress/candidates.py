@@ -32,6 +32,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tandem.compress import lowrank, prune, quant
+from tandem.compress.distill import soft_loss
 from tandem.compress.measure import collate_of
 from tandem.task import Task
 
@@ -45,13 +46,19 @@ CALIBRATION_BATCHES = 8
 class FineTune:
     """How a candidate is fine-tuned: the task's optimizer, its learning rates scaled by
     `lr_scale` and decayed to 0 on a cosine over `steps`, batches of `batch` training
-    samples drawn in an order fixed by `seed`."""
+    samples drawn in an order fixed by `seed`. With a `teacher` (the original model) and
+    `distill` > 0, the loss is `distill.soft_loss` of the teacher's outputs mixed with the
+    task's (`distill` the ratio, at `temperature`): a compressed student learns from the
+    model it replaces."""
 
     task: Task
     steps: int
     batch: int
     lr_scale: float
     seed: int
+    teacher: nn.Module | None = None
+    distill: float = 0.0
+    temperature: float = 2.0
 
     def batches(self) -> Iterator[Any]:
         """Training batches, reshuffled each pass, without end."""
@@ -71,7 +78,13 @@ class FineTune:
         for step, batch in zip(range(self.steps), self.batches(), strict=False):
             for group, lr in zip(optimizer.param_groups, base, strict=True):
                 group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / self.steps))
-            loss = self.task.loss(self.task.run_forward(model, batch), batch)
+            outputs = self.task.run_forward(model, batch)
+            loss = self.task.loss(outputs, batch)
+            if self.teacher is not None and self.distill:
+                with torch.no_grad():
+                    taught = self.task.run_forward(self.teacher, batch)
+                loss = (self.distill * soft_loss(outputs, taught, self.temperature)
+                        + (1 - self.distill) * loss)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

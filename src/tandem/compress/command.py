@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fine-tuning steps of each candidate that needs them")
     parser.add_argument("--lr-scale", type=float, default=0.3,
                         help="the task optimizer's learning rates times this, for fine-tuning")
+    parser.add_argument("--distill", type=float, default=0.0,
+                        help="fine-tunes learn from the original as a teacher: the "
+                             "distillation term's ratio (T 2; 0: off)")
     parser.add_argument("--seed", type=int, default=0, help="the fine-tunes' first seed")
     parser.add_argument("--seeds", type=int, default=1,
                         help="make each candidate with this many seeds: its metric is their "

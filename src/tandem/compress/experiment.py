@@ -214,10 +214,12 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     from tandem.config import load
     from tandem.finetune.init_from import InitFrom
 
-    if min(ns.steps, ns.repeats, ns.seeds) < 1 or ns.budget < 0 or ns.lr_scale <= 0:
+    if (min(ns.steps, ns.repeats, ns.seeds) < 1 or ns.budget < 0 or ns.lr_scale <= 0
+            or not 0 <= ns.distill <= 1):
         raise ValueError("tandem compress: need --steps, --repeats and --seeds >= 1, --budget "
-                         f">= 0 and --lr-scale > 0 (got {ns.steps}, {ns.repeats}, {ns.seeds}, "
-                         f"{ns.budget}, {ns.lr_scale})")
+                         ">= 0, --lr-scale > 0 and --distill in [0, 1] (got "
+                         f"{ns.steps}, {ns.repeats}, {ns.seeds}, {ns.budget}, {ns.lr_scale}, "
+                         f"{ns.distill})")
     run_dir, script = locate(ns.run, ns.store, ns.script)
     task = task_of(script, ns.task)
     if task.eval_data is None:
@@ -234,7 +236,8 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     def measure(model: nn.Module) -> float:
         return evaluate(model, task, dataset, goal.metric, config.train.eval_batch)
 
-    tunes = [FineTune(task, ns.steps, config.train.global_batch, ns.lr_scale, seed)
+    tunes = [FineTune(task, ns.steps, config.train.global_batch, ns.lr_scale, seed,
+                      teacher=original, distill=ns.distill)
              for seed in range(ns.seed, ns.seed + ns.seeds)]
     models, scores, failed = made(original, inputs, tunes, measure, console)
     rows = {name: {"metric": statistics.fmean(scores[name]), "seeds": scores[name],
@@ -273,6 +276,7 @@ def _record(run_dir: Path, script: Path, goal: Goal, ns: argparse.Namespace,
         "higher_is_better": goal.higher, "budget": ns.budget,
         "budget_unit": "percentage points" if goal.higher else f"{goal.metric} units",
         "prefer": ns.prefer, "fine_tune": {"steps": ns.steps, "lr_scale": ns.lr_scale,
+                                           "distill": ns.distill,
                                            "seeds": list(range(ns.seed, ns.seed + ns.seeds))},
         "cpu_threads": torch.get_num_threads(), "verdict": verdict,
         "kept_original": chosen == ORIGINAL,

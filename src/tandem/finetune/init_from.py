@@ -8,7 +8,8 @@ The source is one of:
   (no full copy per rank under FSDP2);
 - a DCP directory written by `torch.distributed.checkpoint.save` outside tandem (its
   `.metadata` beside the shards): the model's state dict saved alone or as the `model`
-  entry of a larger dict; DCP reshards it like a tandem checkpoint;
+  entry of a larger dict (other nestings through `Task.map_weights`, which sees the keys
+  as DCP joined them: `app.model.0.weight`); DCP reshards it like a tandem checkpoint;
 - a safetensors file, or a folder of them (a sharded `model.safetensors.index.json`
   included): tensors are opened lazily, one key at a time, and only those the model
   has are read; each rank reads the full tensors and keeps its shard.
@@ -19,8 +20,9 @@ are matched to the model's parameter and buffer names: missing keys
 (the model has, the source lacks), unexpected keys (the other way) and shape mismatches
 are reported, and are an error unless `run.init_partial` allows them (a new head, for
 instance: its weights keep their initialisation); LoRA adapters (`train.lora_rank`)
-that the source lacks start as initialised without being reported. Only the weights are loaded, at a
-fresh start; a run that resumes from its own checkpoint continues from that instead.
+that the source lacks start as initialised without being reported. Only the weights
+are loaded, at a fresh start; a run that resumes from its own checkpoint continues from
+that instead.
 """
 
 from __future__ import annotations
@@ -257,13 +259,14 @@ class InitFrom(Component):
         entries = read_metadata(self.source / ".metadata").state_dict_metadata
         tensors = {k: list(m.size) for k, m in entries.items()
                    if isinstance(m, TensorStorageMetadata)}
-        # The model's state dict alone, or under "model" beside other state (an optimizer's):
-        # the reading that names more of the model's keys.
+        # Without a map: the model's state dict alone, or under "model" beside other state
+        # (an optimizer's), whichever names more of the model's keys. A map sees the keys
+        # as written (DCP joins nested names with dots).
         section = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
-        fits = [len(rename(keys, self.map_weights).keys() & shapes.keys())
-                for keys in (section, tensors)]
-        prefix, source_shapes = ("model.", section) if section and fits[0] >= fits[1] else (
-            "", tensors)
+        prefix, source_shapes = "", tensors
+        if self.map_weights is None and (len(section.keys() & shapes.keys())
+                                         > len(tensors.keys() & shapes.keys())):
+            prefix, source_shapes = "model.", section
         if not source_shapes:
             raise ValueError(f"{self.field} {self.source}: the DCP checkpoint holds no tensors")
 
