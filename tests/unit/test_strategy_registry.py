@@ -59,8 +59,6 @@ def test_pipeline_stages_combine_with_replicas_or_shards() -> None:
         validate(_config(strategy="localsgd", pp=2))
     with pytest.raises(ValueError, match="pipeline and tensor parallelism do not compose"):
         validate(_config(strategy="ddp", pp=2, tp=2))
-    with pytest.raises(ValueError, match="'Interleaved1F1B' runs several stages per process"):
-        validate(_config(strategy="fsdp", pp=2, pp_schedule="Interleaved1F1B", pp_virtual=2))
 
 
 def test_the_search_space_uses_the_registry() -> None:

@@ -246,10 +246,6 @@ def _check_pipeline(config: Config) -> None:
     if plan.tp > 1:
         raise ValueError(f"plan.pp: {plan.pp} with plan.tp {plan.tp}: pipeline and tensor "
                          "parallelism do not compose here yet; use one of them")
-    if plan.strategy == "fsdp" and plan.pp_schedule not in ("GPipe", "1F1B"):
-        raise ValueError(f"plan.pp_schedule: {plan.pp_schedule!r} runs several stages per "
-                         "process, which plan.strategy 'fsdp' does not shard here yet; use "
-                         "'GPipe' or '1F1B'")
     if config.precision.mode == "fp16":
         raise ValueError("plan.pp: precision.mode 'fp16' needs one loss scale agreed by "
                          "every stage, which the pipeline does not do; use 'bf16' or 'fp32'")

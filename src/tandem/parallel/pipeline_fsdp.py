@@ -8,8 +8,11 @@ parameters again for each); the schedule keeps the gradients unsharded until the
 last backward and then reduce-scatters them (their mean over the shards), so nothing
 else averages the data-parallel ranks. The sharded parameters keep the whole model's
 names (`blocks.2.attn.q.weight`, a tied head weight named as its embedding), so DCP
-reshards checkpoints between this layout and any other. The gradient norm sums every
-rank's shard of every stage once.
+reshards checkpoints between this layout and any other. Tied weights on two processes
+have their gradient shards summed over the stages; on one process (a V-shaped schedule
+puts the first and last stages together) both stages' FSDP2 units hold the one sharded
+parameter, and each adds its reduce-scattered part to its gradient. The gradient norm
+sums every rank's shard of every stage once.
 
 The whole model, run only for the preflight check, evaluation and the exported module,
 is a plain copy that every stage's shards are gathered into on use.
@@ -86,12 +89,11 @@ class PipelineFSDPStrategy(PipelineStrategy):
         return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
     def _no_grad(self, param: nn.Parameter) -> torch.Tensor:
-        """Zeros of the shape of this rank's shard (FSDP2 cuts dim 0 as torch.chunk)."""
-        rows, shards, index = param.shape[0], self.layout.dp_size, self.layout.dp_rank
-        per = -(-rows // shards)
-        start = min(rows, per * index)
-        return torch.zeros((min(rows, start + per) - start, *param.shape[1:]),
-                           dtype=param.dtype, device=param.device)
+        """Zeros of the shape of this rank's shard (FSDP2 cuts dim 0 as torch.chunk does,
+        the ranks past the last chunk holding none)."""
+        chunks = torch.chunk(torch.empty(param.shape[0], device="meta"), self.layout.dp_size)
+        rows = chunks[self.layout.dp_rank].shape[0] if self.layout.dp_rank < len(chunks) else 0
+        return torch.zeros((rows, *param.shape[1:]), dtype=param.dtype, device=param.device)
 
     @property
     def _norm_group(self) -> dist.ProcessGroup | None:
