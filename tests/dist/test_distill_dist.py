@@ -1,5 +1,6 @@
-"""Distillation at two ranks under DDP: the teacher stays a plain module beside the
-wrapped student, and the student trains to the weights of the one-process reference."""
+"""Distillation at two ranks under DDP and FSDP2: the teacher stays a plain, whole module
+beside the wrapped or sharded student, and the student trains to the weights of the
+one-process reference."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 import tandem
@@ -27,34 +30,38 @@ class Wrapped(tandem.Component):
 
     def close(self) -> None:
         teacher = self.distil.teacher
-        found = {"student_ddp": isinstance(self.model, DistributedDataParallel),
-                 "teacher_ddp": isinstance(teacher, DistributedDataParallel),
+        found = {"student_wrapped": isinstance(self.model, (DistributedDataParallel,
+                                                            FSDPModule)),
+                 "teacher_wrapped": isinstance(teacher, (DistributedDataParallel, FSDPModule)),
+                 "teacher_sharded": any(isinstance(p, DTensor) for p in teacher.parameters()),
                  "teacher_inside": any(m is teacher for m in self.model.modules()),
                  "teacher_training": bool(teacher is not None and teacher.training)}
         torch.save(found, Path(self.out, f"wrapped_{torch.distributed.get_rank()}.pt"))
 
 
-def _leg(rank: int, world: int, out: str, source: str) -> None:
+def _leg(rank: int, world: int, out: str, source: str, strategy: str) -> None:
     distil = Distill(toy_task.make_model, source, T, RATIO)
-    cfg = toy_task.config(out, 6, 20, plan={"strategy": "ddp"})
+    cfg = toy_task.config(out, 6, 20, plan={"strategy": strategy})
     result = tandem.fit(toy_task.task(), config=cfg, components=[distil, Wrapped(distil, out)])
     if rank == 0:
         torch.save(result.model.state_dict(), Path(out, "final.pt"))
 
 
 @pytest.mark.timeout(300)
-def test_ddp_distils_what_one_process_distils_with_an_unwrapped_teacher(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_distil_what_one_process_distils_with_a_whole_plain_teacher(
+        tmp_path: Path, strategy: str) -> None:
     src = tmp_path / "teacher"
     cfg = toy_task.config(str(src), 8, 20, checkpoint={"at_end": True})
     teacher = tandem.fit(toy_task.task(), config=cfg).model.state_dict()
     want = reference(teacher, 6, 20).state_dict()
     out = tmp_path / "two"
     out.mkdir()
-    run_ranks(_leg, 2, str(out), str(src / "toy"), timeout=240)
+    run_ranks(_leg, 2, str(out), str(src / "toy"), strategy, timeout=240)
     for rank in (0, 1):
         found = torch.load(out / f"wrapped_{rank}.pt", weights_only=True)
-        assert found == {"student_ddp": True, "teacher_ddp": False, "teacher_inside": False,
+        assert found == {"student_wrapped": True, "teacher_wrapped": False,
+                         "teacher_sharded": False, "teacher_inside": False,
                          "teacher_training": False}, rank
     got = torch.load(out / "final.pt", weights_only=True)
     for name, value in want.items():

@@ -15,7 +15,8 @@ tandem run, a checkpoint or safetensors (`train.distill_from`, through `run.init
 loader; the weight average where the run kept one: the weights it evaluated) unless its
 factory returns it trained, moved to the run's device, put in eval
 mode with every parameter frozen, and kept beside the distributed model: no strategy
-wraps it (no gradient, so nothing to reduce), and every rank holds it whole. Its forward
+wraps it (no gradient, so nothing to reduce), and every rank holds it whole (under FSDP2
+too: it is not sharded). Its forward
 runs under `torch.no_grad` inside the step, on the micro-batch the student sees, and its
 time per step is the window's `time/teacher` (a part of `time/forward`).
 """
