@@ -173,14 +173,17 @@ def test_pipeline_replicas_or_shards_train_what_one_process_trains(tmp_path: Pat
     # ranks, gradients reduce-scattered, the norm clipped over every shard of every stage);
     # each replica or shard draws its half of every global batch. The rest of the steps on
     # one process: the resharded checkpoints (the FSDP2 one of DTensor shards under the
-    # whole model's names), optimizer state included, give the one-process weights.
+    # whole model's names), optimizer state included, give the one-process weights; and
+    # the other way, a one-process checkpoint resumes as PP2 x FSDP2 ("onefsdp").
     # Then every multi-stage schedule under FSDP2, two stages per process (the V-shaped
     # ones hold the embedding and the head tied to it), at four micro-batches per shard.
     half, out = STEPS // 2, str(tmp_path)
+    run_ranks(_fit, 1, out, [("onefsdp", half, 1)], timeout=60)
     multi = [(schedule, argv(out, schedule, half, 2, schedule, virtual, "fsdp")
               + ["--train.micro_batch", "1"]) for schedule, virtual in SCHEDULES if virtual > 1]
     run_ranks(_fits, 4, out, [("pp2dp2", argv(out, "pp2dp2", half, 2)),
                               ("pp2fsdp2", argv(out, "pp2fsdp2", half, 2, strategy="fsdp")),
+                              ("onefsdp", argv(out, "onefsdp", STEPS, 2, strategy="fsdp")),
                               *multi], timeout=230)
     for name, strategy, micro in (("pp2dp2", "pp", MICRO), ("pp2fsdp2", "pp_fsdp", MICRO),
                                   *((name, "pp_fsdp", 1) for name, _ in multi)):
@@ -191,7 +194,10 @@ def test_pipeline_replicas_or_shards_train_what_one_process_trains(tmp_path: Pat
         assert_weights(first["state"], reference(half, micro)[0])
     run_ranks(_fit, 1, out, [("pp2dp2", STEPS, 1), ("pp2fsdp2", STEPS, 1)], timeout=60)
     want = reference(STEPS)[0]
-    for name in ("pp2dp2", "pp2fsdp2"):
+    for name, world in (("pp2dp2", 1), ("pp2fsdp2", 1), ("onefsdp", 4)):
         got = torch.load(tmp_path / f"{name}.pt", weights_only=False)
-        assert got["summary"]["steps"] == STEPS
+        assert (got["summary"]["steps"], got["summary"]["world_size"]) == (STEPS, world)
         assert_weights(got["state"], want)
+        with RunStore(tmp_path / "tandem.db") as store:  # resumed, not trained afresh
+            events = store.events(store.run(name)["run_id"])
+        assert [e["step"] for e in events if e["kind"] == "resume"] == [half], name
