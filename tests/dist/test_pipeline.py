@@ -201,3 +201,19 @@ def test_pipeline_replicas_or_shards_train_what_one_process_trains(tmp_path: Pat
         with RunStore(tmp_path / "tandem.db") as store:  # resumed, not trained afresh
             events = store.events(store.run(name)["run_id"])
         assert [e["step"] for e in events if e["kind"] == "resume"] == [half], name
+
+
+@pytest.mark.timeout(150)
+def test_a_sequence_length_ramp_rebuilds_the_schedule(tmp_path: Path) -> None:
+    # Half-length sequences for 3 steps, then whole ones: the stages' activation shapes
+    # change mid-run, so the schedule is built again (a stale one sends tensors of the
+    # old size); the weights match one process with the same ramp.
+    ramp = ["--train.seq_ramp", "0:4,3:0"]
+    run_ranks(_fits, 2, str(tmp_path), [("ramp-pp", argv(str(tmp_path), "ramp-pp", STEPS, 2)
+                                         + ramp)], timeout=90)
+    run_ranks(_fits, 1, str(tmp_path), [("ramp-one", argv(str(tmp_path), "ramp-one", STEPS, 1)
+                                         + ramp)], timeout=60)
+    got, want = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("ramp-pp",
+                                                                                 "ramp-one"))
+    assert got["summary"]["steps"] == STEPS
+    assert_weights(got["state"], want["state"])

@@ -89,6 +89,7 @@ class PipelineStrategy(Strategy):
         self.split: list[list[str]] = []
         self.schedule: Any = None
         self.micro = 0  # micro-batches the schedule was built for
+        self.shapes: tuple = ()  # and the shapes of their inputs
         self.autocast: torch.dtype | None = None
         self.mode = ""  # "capture" (the model's arguments) or "feed" (the last stage's output)
         self.fed: Any = None
@@ -218,8 +219,12 @@ class PipelineStrategy(Strategy):
         sum of their losses (from the last stage, on every rank). All ranks."""
         batches = list(micro_batches)
         inputs = [self._capture(loss_of, b) for b in batches]
-        if self.schedule is None or len(batches) != self.micro:
+        # The stages learn their activations' shapes at a schedule's first step: a new
+        # count or new input shapes (a sequence-length ramp) need a new schedule.
+        shapes = _shapes(inputs)
+        if self.schedule is None or len(batches) != self.micro or shapes != self.shapes:
             self._build_schedule(len(batches))
+            self.shapes = shapes
         self.loss_of, self.losses, self.batches = loss_of, [], batches
         first, last = 0 in self.mine, self.stage_count - 1 in self.mine
         started = time.perf_counter()
@@ -392,3 +397,15 @@ def _aliases(model: nn.Module) -> list[tuple[list[str], nn.Parameter]]:
         params[id(p)] = p
     return [(fqns, params[i]) for i, fqns in names.items() if len(fqns) > 1]
 
+
+def _shapes(inputs: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> tuple:
+    """The shapes and dtypes of every tensor the micro-batches hand the first stage."""
+    def of(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return (tuple(value.shape), value.dtype)
+        if isinstance(value, (list, tuple)):
+            return tuple(of(v) for v in value)
+        if isinstance(value, dict):
+            return tuple((k, of(v)) for k, v in sorted(value.items()))
+        return None
+    return tuple(of(item) for item in inputs)
