@@ -120,3 +120,15 @@ def test_a_wide_console_keeps_every_column(store: Path) -> None:
     _list_runs(_runs_args(store), console)
     text = out.getvalue()
     assert all(column in text for column in ("started", "name", "world", "final loss"))
+
+
+def test_a_decision_holding_brackets_prints_as_written() -> None:
+    # A failed trial's message quotes gloo's "[/__w/.../pair.cc:537]": text, not markup
+    # (rich read it as a closing tag and the whole session ended in a MarkupError).
+    from tandem.tune.outcome import Record
+
+    message = "a run failed: [/__w/pytorch/gloo/pair.cc:537] Read error [127.0.0.1]:1"
+    record = Record("t-001", "placebo", "placebo", "failed", {}, {}, message)
+    console = Console(width=400, record=True)
+    console.print(decision_table([record], "session"))
+    assert message in console.export_text()

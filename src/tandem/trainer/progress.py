@@ -17,6 +17,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from tandem.monitor.catalogue import LR
 from tandem.monitor.live import Window
@@ -134,5 +135,5 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         elif isinstance(value, dict):
             value = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                               for k, v in value.items())
-        table.add_row(key.replace("_", " "), str(value))
+        table.add_row(key.replace("_", " "), Text(str(value)))  # text, not markup
     console.print(table)

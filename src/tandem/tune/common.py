@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from tandem.monitor.store import store_location
 from tandem.tune import space
@@ -64,7 +65,8 @@ def decision_table(records: list[Record], title: str) -> Table:
     rows = trial_rows([{"trial_id": r.trial_id, "status": r.status,
                         "figures": {"label": r.label, **r.figures}, "decision": r.decision}
                        for r in records])
-    for row in rows:
-        style = STATUS_STYLE.get(row[2], "")
-        table.add_row(*row[:2], f"[{style}]{row[2]}[/]" if style else row[2], *row[3:])
+    for row in rows:  # as text, never markup: a failed run's message may hold brackets
+        cells = [Text(str(cell)) for cell in row]
+        cells[2].stylize(STATUS_STYLE.get(row[2], ""))
+        table.add_row(*cells)
     return table
