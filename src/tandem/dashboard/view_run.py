@@ -9,7 +9,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.analyze.diagnosis.diagnose import diagnose
+from tandem.analyze.diagnosis.diagnose import diagnose_run
 from tandem.analyze.diagnosis.find_health import (
     START_WINDOWS,
     UNSTABLE_EVENT_KINDS,
@@ -144,8 +144,7 @@ def diagnose_rows(conn: sqlite3.Connection, run: Mapping[str, Any],
     """tandem.analyze.diagnosis.diagnose on these metric rows of `run`, with all of its events."""
     metrics = [{"step": r[1], "rank": r[2], "name": r[3], "value": r[4], "time": r[5]}
                for r in rows]
-    return diagnose(metrics, queries.events(conn, run["run_id"]), config=run.get("config"),
-                    plan=run.get("plan"), env=run.get("env"))
+    return diagnose_run(run, metrics, queries.events(conn, run["run_id"]))
 
 
 def findings(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tandem.analyze.diagnosis.diagnose import Finding, diagnose
+from tandem.analyze.diagnosis.diagnose import Finding, diagnose_run
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
 from tandem.tune import controls, guard, runsize, sizing, smells, space
@@ -195,7 +195,7 @@ class Tuner:
         with self._store() as store:
             run = store.run(outcome.run_id)
             metrics = store.metrics(outcome.run_id)
-            findings = diagnose(metrics, store.events(outcome.run_id), config=run["config"])
+            findings = diagnose_run(run, metrics, store.events(outcome.run_id))
         ran = space.flatten(run["config"] or {})
         config = {**self.job, **ran}
         for key in ("monitor.log_every", "checkpoint.at_end", "monitor.calibrate_at"):

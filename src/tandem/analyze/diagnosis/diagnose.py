@@ -96,7 +96,7 @@ PHASE_SUM_LIMIT = 1.10
 
 __all__ = ["COMM_BOUND_SHARE", "COMPUTE_BOUND_SHARE", "INPUT_BOUND_SHARE", "IN_MEMORY_DATA",
            "MEMORY_BOUND_SHARE", "NO_COMM", "PERFORMANCE_KINDS", "SEVERITIES",
-           "STRAGGLER_SCORE", "WAIT_SHARE", "Finding", "diagnose", "verdict"]
+           "STRAGGLER_SCORE", "WAIT_SHARE", "Finding", "diagnose", "diagnose_run", "verdict"]
 
 
 def diagnose(metrics: Iterable[Metric], events: Iterable[Mapping[str, Any]] = (),
@@ -124,6 +124,16 @@ def diagnose(metrics: Iterable[Metric], events: Iterable[Mapping[str, Any]] = ()
     found += task_stalls(ctx)
     return sorted(found, key=lambda f: (SEVERITIES.index(f.severity),
                                         -float(f.evidence.get("share", 0.0))))
+
+
+def diagnose_run(run: Mapping[str, Any], metrics: Iterable[Metric],
+                 events: Iterable[Mapping[str, Any]] = (),
+                 window: tuple[int, int] | None = None) -> list[Finding]:
+    """`diagnose` with what a stored run record holds (its config, device, plan and
+    environment): the report, the dashboard and the tuner judge a run alike."""
+    env = run.get("env") or {}
+    return diagnose(metrics, events, window, config=run.get("config"),
+                    device=env.get("device"), plan=run.get("plan"), env=env)
 
 
 def _performance(ctx: Context) -> list[Finding]:

@@ -11,7 +11,7 @@ from typing import Any
 from rich.table import Table
 
 from tandem.analyze import text
-from tandem.analyze.diagnosis.diagnose import diagnose, verdict
+from tandem.analyze.diagnosis.diagnose import diagnose_run, verdict
 from tandem.analyze.report import figures, html, panels, svg
 from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP
 from tandem.monitor.store import RunStore
@@ -24,8 +24,7 @@ def _gather(store: RunStore, run_ids: Sequence[str]) -> list[dict[str, Any]]:
     for key in run_ids:
         run = store.run(key)
         metrics = store.metrics(run["run_id"])
-        found = verdict(diagnose(metrics, store.events(run["run_id"]), config=run["config"],
-                                 plan=run.get("plan"), env=run.get("env")))
+        found = verdict(diagnose_run(run, metrics, store.events(run["run_id"])))
         out.append({"run": run, "groups": figures.by_name(metrics),
                     "head": figures.headline(run, metrics),
                     "verdict": found.kind if found else text.DASH})

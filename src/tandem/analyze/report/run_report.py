@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tandem.analyze import text
-from tandem.analyze.diagnosis.diagnose import Finding, diagnose, verdict
+from tandem.analyze.diagnosis.diagnose import Finding, diagnose_run, verdict
 from tandem.analyze.diagnosis.finding import VALIDATION_PREFIX, with_validations
 from tandem.analyze.report import figures, html, panels
 from tandem.analyze.report.compare import compare, compare_table
@@ -32,9 +32,7 @@ def _load(store: RunStore, run_id: str) -> tuple[dict[str, Any], list[dict[str, 
     run = store.run(run_id)
     metrics = store.metrics(run["run_id"])
     events = store.events(run["run_id"])
-    device = (run.get("env") or {}).get("device")
-    findings = diagnose(metrics, events, config=run["config"], device=device,
-                        plan=run.get("plan"), env=run.get("env"))
+    findings = diagnose_run(run, metrics, events)
     return run, metrics, events, with_validations(findings, store.trials(run["run_id"]))
 
 
