@@ -49,7 +49,9 @@ def pipeline_bubble(ctx: Context) -> Finding | None:
         except ValueError:
             continue
         later, _ = bubble.replay(alt, bubble.per_action_costs(alt, costs))
-        remedies.append((now / later, f"{what} (predicted {now / later:.2f}x)", changes))
+        remedies.append((now / later, f"{what} (predicted {now / later:.2f}x if half the "
+                         "work takes half the time: small pieces cost more on a CPU, so "
+                         "the tuner measures it)", changes))
     slowest = max(range(pp), key=lambda r: busy[r])  # a pipeline rank
     mean_busy = statistics.fmean(busy)
     if mean_busy > 0 and busy[slowest] / mean_busy > UNBALANCED:
