@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tandem.analyze.diagnosis.diagnose import diagnose
+from tandem.analyze.diagnosis.diagnose import diagnose_run
 from tandem.dashboard import view_run
 from tandem.monitor.store import RunStore
 from tandem.monitor.writer import StoreWriter
@@ -96,8 +96,7 @@ def test_run_page_holds_the_store_numbers(store: Path, serve, page) -> None:
           _store_points(store, "alpha-1", "mem/rss_bytes", 3))
     # The diagnosis: what tandem.analyze.diagnosis.diagnose finds on the same rows, field by field.
     with RunStore(store) as s:
-        expected = diagnose(s.metrics("alpha-1"), s.events("alpha-1"),
-                            config=s.run("alpha-1")["config"])
+        expected = diagnose_run(s.run("alpha-1"), s.metrics("alpha-1"), s.events("alpha-1"))
     page.wait_for_selector("#findings .finding")
     kinds = page.eval_on_selector_all("#findings .finding", "f => f.map(x => x.dataset.kind)")
     assert kinds == [f.kind for f in expected] and "straggler" in kinds
@@ -126,12 +125,12 @@ def test_new_finding_fields_show_without_changes(store: Path, serve, page,
         evidence: dict[str, Any]
         validation: dict[str, Any]
 
-    def checked(metrics, events=(), window=None, config=None, **context) -> list[Checked]:
+    def checked(run, metrics, events=(), window=None) -> list[Checked]:
         return [Checked(f.kind, f.severity, f.message, f.evidence,
                         {"verdict": "confirmed", "predicted_gain": 0.31})
-                for f in diagnose(metrics, events, window, config, **context)]
+                for f in diagnose_run(run, metrics, events, window)]
 
-    monkeypatch.setattr(view_run, "diagnose", checked)
+    monkeypatch.setattr(view_run, "diagnose_run", checked)
     open_page(page, serve(store).url("/run/beta-1", local=True))
     page.wait_for_selector("[data-field='validation']")
     text = page.inner_text(".finding[data-kind='input-bound'] [data-field='validation']")
