@@ -29,7 +29,7 @@ from tandem.task import Task
 from tandem.trainer import preflight, restore
 from tandem.trainer.calibration import Calibration
 from tandem.trainer.data import build_data, micro_batches
-from tandem.trainer.evaluations import Evaluations, by_source
+from tandem.trainer.evaluations import Evaluations
 from tandem.trainer.export import exported
 from tandem.trainer.guard import PreemptionFlag, agree, stop_committed
 from tandem.trainer.precision import Precision
@@ -79,9 +79,7 @@ class Trainer:
                                    self.batches.size_at if self.batches.ramp else None)
             self.precision = Precision(config.precision, runtime.device)
             target = parse_target(config.train.target) if config.train.target else None
-            preflight.check_target(
-                target, {**task.metrics, **dict.fromkeys(by_source(data.eval_dataset))},
-                data.eval_dataset is not None)
+            preflight.check_target(target, task.metrics, data.eval_dataset)
             batch = preflight.first_batch(
                 data.dataset, data.first_ids(self.batches.micro, config.run.seed), data.collate)
         # Before any forward: FSDP2 leaves its unsharded parameters registered after one.
@@ -113,7 +111,6 @@ class Trainer:
                              self.state, self.progress, self.components.restores_frozen),
                  *self.components.components]
         self.rollback_states = rollback_names(parts)
-        self.parts = {c.key: c for c in parts}  # by state name: those a resume starts afresh
         self.checkpoints = CheckpointManager(
             self.run_dir / "checkpoints", checkpoint_states(parts), keep=config.checkpoint.keep,
             asynchronous=config.checkpoint.async_save, device=runtime.device,
@@ -137,7 +134,7 @@ class Trainer:
             self.components.optional, lambda: self.state.step >= train.steps or (
                 train.stop_at_target and self.progress.target_reached is not None))
         for name in loaded.fresh:  # e.g. averaging switched on at this resume
-            self.parts[name].fresh_start()
+            self.checkpoints.states[name].fresh_start()
         if loaded.resumed.path is not None:
             self.progress.attempts += 1
             self.lr.extra = self.progress.lr_scale

@@ -147,12 +147,15 @@ def _check_step(task: Task, model: nn.Module, batch: Any, autocast: Any) -> None
 
 
 def check_target(target: tuple[str, str, float] | None, metrics: Mapping[str, Any],
-                 has_eval: bool) -> None:
-    """train.target must name something evaluation produces."""
+                 eval_dataset: Any) -> None:
+    """train.target must name something evaluation produces (the task's metrics, and a
+    mixture's per-source figures)."""
     if target is None:
         return
-    produced = [EVAL_LOSS, *metrics]
-    if not has_eval:
+    from tandem.trainer.evaluations import by_source
+
+    produced = [EVAL_LOSS, *metrics, *by_source(eval_dataset)]
+    if eval_dataset is None:
         raise ValueError(f"train.target: {target[0]!r} is checked at evaluations, and the "
                          "task has no eval_data; give Task.eval_data or drop train.target")
     if target[0] not in produced:
