@@ -11,7 +11,7 @@ import pytest
 
 from tandem.tune import smells
 from tandem.tune.measure import Measured
-from tandem.tune.session import by_predicted_gain
+from tandem.tune.proposals import by_predicted_gain
 from tandem.tune.space import Candidate
 
 GIB = 2.0 ** 30

@@ -197,6 +197,17 @@ class Bench:
             out["ratio"] = iv.as_dict()
         return out
 
+    def startups(self) -> dict[str, float | int] | None:
+        """What the runs' start-ups cost the session (each run's own `startup_s`, from
+        its process's start to its first step): runs, total and median seconds."""
+        runs = {id(r): r for a in self.arms for p in a.pairs for r in (p.arm, p.reference)}
+        figures = [float(r.summary["startup_s"]) for r in runs.values()
+                   if isinstance(r.summary.get("startup_s"), (int, float))]
+        if not figures:
+            return None
+        return {"runs": len(figures), "total_s": sum(figures),
+                "median_s": statistics.median(figures)}
+
 
 def evidence_text(record: Mapping[str, Any]) -> str:
     """One line of evidence: '1.52x [1.31, 1.77], 3 pairs, medians 812 vs 534 samples/s,

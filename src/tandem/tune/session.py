@@ -16,7 +16,7 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    bias too (`stats.noise_floor`). The k-th candidate spends 2^-k of the session's error
    rate (`stats.py`).
 4. **Candidates**: the user's own (--try) first, in their order; then the tuner's,
-   largest predicted gain first (`by_predicted_gain`: the smells and
+   largest predicted gain first (`proposals.by_predicted_gain`: the smells and
    measured candidates carry one), then each diagnosed family after its control
    experiment (`controls.py`): a refuted family, or one whose control cannot gain
    1 + min_gain, is skipped. Each candidate is an arm against the current plan, in
@@ -61,6 +61,7 @@ from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.measure import Measured, measured_from
 from tandem.tune.outcome import Record, Settings, TuneResult, session_id
+from tandem.tune.proposals import by_predicted_gain, predicted_text, proposals
 from tandem.tune.space import Candidate
 from tandem.tune.trial import RunOutcome, TrialRunner
 
@@ -208,7 +209,7 @@ class Tuner:
                                       int(ran.get("monitor.log_every") or 1),
                                       {**os.environ, **self.runner.env})
         self.measured = dataclasses.replace(self.measured, sample_s=self.runner.sample_s)
-        kinds = space_kinds()
+        kinds = space.acted_on()
         self.smells = smells.smells(self.measured)
         self.findings = ([f for f in findings if f.kind in kinds]
                          + [smell.finding() for smell in self.smells])
@@ -260,23 +261,8 @@ class Tuner:
     def _proposals(self) -> list[Candidate]:
         """Measured candidates, then each diagnosed family behind its control."""
         assert self.measured is not None
-        m, base = self.measured, {**self.job, **self.incumbent}
-        queue = [smell.candidate() for smell in self.smells]
-        seen = [c.changes for c in queue]
-        queue += [c for c in sizing.proposals(m, self.s.min_gain) if c.changes not in seen]
-        families = space.families_of(self.findings)
-        for family, finding in families.items():
-            reason = f"{finding.kind}: {finding.message.split(' -> ')[0]}"
-            predicted = controls.predicted_of(finding)
-            if family == "comm":
-                queue += space.comm_remedies(base, reason, m.world, predicted)
-            elif family == "memory":
-                queue += space.memory_remedies(base, reason, m.world)
-            elif family == "compute":
-                queue += space.compute_remedies(base, reason, m.on_gpu)
-            elif family == "pipeline":
-                queue += space.pipeline_remedies(finding, reason)
-        return by_predicted_gain(queue)
+        return proposals(self.smells, self.measured, self.findings,
+                         {**self.job, **self.incumbent}, self.s.min_gain)
 
     def _drain(self, queue: list[Candidate]) -> None:
         """Try the queue in order; after each adoption, the new measurements' ideas."""
@@ -299,7 +285,7 @@ class Tuner:
             self._record(cand.label, "candidate", "not-reached", cand.changes,
                          {"reason": cand.reason, "predicted": cand.predicted,
                           "family": cand.family},
-                         f"never tried ({why}); {_predicted_text(cand.predicted)}")
+                         f"never tried ({why}); {predicted_text(cand.predicted)}")
 
     def _budget_left(self) -> bool:
         return self.trials < self.s.max_trials and self._can_afford(2)
@@ -392,7 +378,7 @@ class Tuner:
             figures["measured"] = figures["ratio"]["estimate"]
         if guard_verdict is not None:
             figures["guard"] = guard_verdict.as_dict()
-        ev = f"{_predicted_text(cand.predicted)}, measured {evidence_text(figures)}"
+        ev = f"{predicted_text(cand.predicted)}, measured {evidence_text(figures)}"
         floor = f"{self.bench.floor('wall'):.3g}"
         if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
@@ -506,38 +492,9 @@ class Tuner:
                 "evidence": self.evidence, "noise": self.bench.noise_record("wall"),
                 "unreached": [c.label for c in self.unreached],
                 "run_s": None if self.s.steps else self.run_s,
-                "startup": self._startups(),
+                "startup": self.bench.startups(),
                 "validations": {k: {x: y for x, y in v.items() if x != "evidence"}
                                 for k, v in self.validations.items()}}
 
 
-    def _startups(self) -> dict[str, float | int] | None:
-        """What the runs' start-ups cost the session (each run's own `startup_s`, from
-        its process's start to its first step): runs, total and median seconds."""
-        runs = {id(r): r for a in self.bench.arms for p in a.pairs for r in (p.arm, p.reference)}
-        figures = [float(r.summary["startup_s"]) for r in runs.values()
-                   if isinstance(r.summary.get("startup_s"), (int, float))]
-        if not figures:
-            return None
-        return {"runs": len(figures), "total_s": sum(figures),
-                "median_s": statistics.median(figures)}
-
-
 PLACEBO_FIRST = 2  # A/A pairs before any candidate: the least that gives a noise estimate
-
-
-def by_predicted_gain(queue: Sequence[Candidate]) -> list[Candidate]:
-    """The candidates, largest predicted gain first (those without a prediction after,
-    in their own order)."""
-    return sorted(queue, key=lambda c: -(c.predicted or 0.0))
-
-
-def _predicted_text(predicted: float | None) -> str:
-    return f"predicted {predicted:.3g}x" if predicted else "no prediction"
-
-
-def space_kinds() -> frozenset[str]:
-    """The finding kinds the tuner acts on (the performance ones)."""
-    from tandem.analyze.diagnosis.diagnose import PERFORMANCE_KINDS
-
-    return PERFORMANCE_KINDS | {"balanced"}

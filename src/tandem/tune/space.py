@@ -191,6 +191,13 @@ def control_of(finding: Any) -> str:
     return control or ""
 
 
+def acted_on() -> frozenset[str]:
+    """The finding kinds the tuner acts on (the performance ones)."""
+    from tandem.analyze.diagnosis.diagnose import PERFORMANCE_KINDS
+
+    return PERFORMANCE_KINDS | {"balanced"}
+
+
 def families_of(findings: Iterable[Any]) -> dict[str, Any]:
     """family -> the finding that names it, most severe first."""
     by_kind = {"input-bound": "data", "data-imbalance": "data", "communication-bound": "comm",
