@@ -16,6 +16,7 @@ most 10 trials, and the 22x job (fp16 on a CPU) decided within 90 s.
     python benchmarks/tune_smells.py                           # all six (about 45 min)
     python benchmarks/tune_smells.py --jobs fp16-cpu,micro-batch
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/tune_smells.py
+    python benchmarks/tune_smells.py --busy-core     # one core kept busy throughout
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -100,6 +102,8 @@ def main() -> None:
     parser.add_argument("--side-steps", type=int, default=48,
                         help="steps of each side-by-side run")
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    parser.add_argument("--busy-core", action="store_true",
+                        help="keep one core busy with a spinning process throughout")
     ns = parser.parse_args()
     names = [n for n in ns.jobs.split(",") if n]
     if unknown := [n for n in names if n not in JOBS]:
@@ -107,13 +111,21 @@ def main() -> None:
     root = Path(ns.dir or tempfile.mkdtemp(prefix="tandem-smells-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
     print(f"work directory {root}; ATEN_CPU_CAPABILITY="
-          f"{os.environ.get('ATEN_CPU_CAPABILITY', '-')}", flush=True)
+          f"{os.environ.get('ATEN_CPU_CAPABILITY', '-')}; one core kept busy: "
+          f"{ns.busy_core}", flush=True)
     rows = []
-    for name in names:
-        rows.append(one(name, root, ns))
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "summary"},
-                         default=str)[:1500], flush=True)
-        (root / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    busy = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            if ns.busy_core else None)
+    try:
+        for name in names:
+            rows.append(one(name, root, ns))
+            print(json.dumps({k: v for k, v in rows[-1].items() if k != "summary"},
+                             default=str)[:1500], flush=True)
+            (root / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
     print("\n| job | adopted | trials | decided at s | re-measured [95% CI] | never reached "
           "| start-up s (runs, median) |")
     print("|---|---|---|---|---|---|---|")
