@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tandem.monitor.store import add_store_argument
 from tandem.tables import print_fitted
 from tandem.tune import planfile, space
 from tandem.tune import stats as tstats
@@ -22,9 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default="10m",
                         help="wall time for the whole session: 90s, 10m, 1h (default 10m)")
     parser.add_argument("--out", default="plan.toml", help="the plan file written at the end")
-    parser.add_argument("--store", default=None,
-                        help="run store for the trials and the decision record (default: "
-                             "$TANDEM_STORE, else runs/tandem.db)")
+    add_store_argument(parser, " for the trials and the decision record")
     parser.add_argument("--work-dir", default="runs/tune",
                         help="where trial runs, their plan files and logs go")
     parser.add_argument("--max-trials", type=int, default=10,
