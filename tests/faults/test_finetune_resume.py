@@ -116,10 +116,7 @@ def test_fine_tunes_resumed_at_2_1_2_processes_skip_and_repeat_nothing(runs: Pat
             steps = round(toy_task.FINE_TUNE_STEPS[part] * share_of_steps)
             seen = [json.loads((runs / "legs" / part / f"seen-{leg}-{r}.json").read_text())
                     for r in range(world)]
-            share = GLOBAL // world
-            for step in range(steps - done):
-                for r in range(world):
-                    trained += seen[r][step * share:(step + 1) * share]
+            trained += toy_task.global_order(seen, GLOBAL, steps - done)
             done = steps
         assert trained == toy_task.reference(done, GLOBAL)[1], part
         want = _weights(runs / "clean" / part / "final-0.pt")
