@@ -15,7 +15,9 @@ parameter, and each adds its reduce-scattered part to its gradient. The gradient
 sums every rank's shard of every stage once.
 
 The whole model, run only for the preflight check, evaluation and the exported module,
-is a plain copy that every stage's shards are gathered into on use.
+is a plain copy that every stage's shards are gathered into on use; the model whose
+names key the checkpoints keeps the other stages on the meta device, so a process holds
+the whole model once, as under a pipeline of replicas, plus its shards.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class PipelineFSDPStrategy(PipelineStrategy):
                 if unit in blocks:
                     fully_shard(model.get_submodule(unit), **kwargs)
             fully_shard(module, **kwargs)
+        _forget(model, [u for s, units_ in enumerate(self.split) if s not in self.mine
+                        for u in units_])
         # FSDP2 registers each sharded parameter on the module that held it: a stage's
         # own copy of the root for the root's parameters. The local module (whose
         # parameters the optimizer takes) and the naming module take them too, a tied
@@ -93,7 +97,8 @@ class PipelineFSDPStrategy(PipelineStrategy):
         the ranks past the last chunk holding none)."""
         chunks = torch.chunk(torch.empty(param.shape[0], device="meta"), self.layout.dp_size)
         rows = chunks[self.layout.dp_rank].shape[0] if self.layout.dp_rank < len(chunks) else 0
-        return torch.zeros((rows, *param.shape[1:]), dtype=param.dtype, device=param.device)
+        return torch.zeros((rows, *param.shape[1:]), dtype=param.dtype,
+                           device=self.runtime.device)
 
     @property
     def _norm_group(self) -> dist.ProcessGroup | None:
@@ -121,6 +126,30 @@ class PipelineFSDPStrategy(PipelineStrategy):
         return {**super().describe(), "dp_shard": self.layout.dp_size,
                 "fsdp_param_dtype": self.plan.fsdp_param_dtype,
                 "fsdp_reduce_dtype": self.plan.fsdp_reduce_dtype}
+
+
+def _forget(model: nn.Module, others: list[str]) -> None:
+    """Move the units of other processes' stages to the meta device, tied parameters
+    still tied: only their names are used here (the whole model that runs is a copy)."""
+    metas: dict[int, nn.Parameter] = {}
+
+    def meta(param: nn.Parameter) -> nn.Parameter:
+        if id(param) not in metas:
+            metas[id(param)] = nn.Parameter(param.detach().to("meta"),
+                                            requires_grad=param.requires_grad)
+        return metas[id(param)]
+
+    for unit in others:
+        path, _, name = unit.rpartition(".")
+        owner = model.get_submodule(path)
+        held = [(owner, name)] if name in owner._parameters or name in owner._buffers else [
+            (module, key) for module in owner.get_submodule(name).modules()
+            for key in (*module._parameters, *module._buffers)]
+        for module, key in held:
+            if (param := module._parameters.get(key)) is not None:
+                module._parameters[key] = meta(param)
+            elif (buffer := module._buffers.get(key)) is not None:
+                module._buffers[key] = buffer.to("meta")
 
 
 def _place(model: nn.Module, fqn: str, param: nn.Parameter, always: bool = False) -> None:

@@ -5,7 +5,8 @@ Each source's `task/NAME/loss` windows are split in thirds; a source's change is
 median of the last third over the median of the first, less one. A source that fell by
 less than TASK_STALL (2%), or rose, while another fell by at least TASK_FALL (10%), is
 named: it gains nothing from the steps the mixture gives it (converged, starved by its
-share, or pulled the other way by the other tasks' gradients).
+share, or pulled the other way by the other tasks' gradients). Its evidence holds every
+source's share of the last window, from which the tuner proposes others (`tune/mixing`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import statistics
 from tandem.analyze import stats
 from tandem.analyze.diagnosis.finding import Context, Finding
 from tandem.analyze.report.figures import series_of, task_names
-from tandem.monitor.catalogue import TASK_LOSS, task_kind
+from tandem.monitor.catalogue import TASK_LOSS, TASK_SHARE, task_kind
 
 TASK_STALL = 0.02
 TASK_FALL = 0.10
@@ -35,11 +36,15 @@ def _change(values: list[float]) -> float | None:
 def task_stalls(ctx: Context) -> list[Finding]:
     """One finding per source whose loss stalled or rose while another's fell."""
     changes: dict[str, float] = {}
+    shares: dict[str, float] = {}  # each source's share of the last window
     for name, (source, what) in task_names(ctx.groups).items():
+        values = series_of(ctx.groups, name)[1]
         if what == task_kind(TASK_LOSS):
-            change = _change(series_of(ctx.groups, name)[1])
+            change = _change(values)
             if change is not None:
                 changes[source] = change
+        elif what == task_kind(TASK_SHARE) and values:
+            shares[source] = values[-1]
     falling = {s: c for s, c in changes.items() if c <= -TASK_FALL}
     if not falling:
         return []
@@ -51,7 +56,7 @@ def task_stalls(ctx: Context) -> list[Finding]:
         rose = change > TASK_STALL
         out.append(Finding(
             "task-stalls", "medium" if rose else "low",
-            {"task": source, "change": change, "others": falling},
+            {"task": source, "change": change, "others": falling, "shares": shares},
             f"task {source!r}: its training loss {'rose' if rose else 'stalled'} "
             f"({change:+.0%}, last third of the windows against the first) while "
             f"others fell ({fell})",
