@@ -26,7 +26,7 @@ def test_the_schema_allows_exactly_the_choosable_strategies() -> None:
     allowed = typing.get_args(typing.get_type_hints(PlanConfig)["strategy"])
     # The values stored configs hold: they must all still load.
     assert allowed == registry.CHOICES == ("auto", "single", "ddp", "fsdp", "localsgd",
-                                           "diloco", "streaming_diloco")
+                                           "diloco", "streaming_diloco", "async")
     assert "tp" in registry.REGISTRY and "tp" not in allowed  # chosen by plan.tp
     text = reference()
     for name in registry.CHOICES:

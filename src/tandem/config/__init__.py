@@ -52,6 +52,7 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "plan.outer_momentum": (0, "a number in [0, 1)"),
     "plan.fragments": (1, "an integer >= 1"),
     "plan.overlap_steps": (0, "an integer >= 0"),
+    "plan.staleness": (0, "an integer >= 0"),
     "plan.merge_alpha": (0, "a number in [0, 1)"),
     "plan.powersgd_rank": (1, "an integer >= 1"),
     "plan.powersgd_warmup": (2, "an integer >= 2"),
@@ -274,6 +275,8 @@ def _check_low_communication(config: Config) -> None:
         if plan.fragments > plan.sync_every:
             raise ValueError(f"plan.fragments: {plan.fragments} must be <= plan.sync_every "
                              f"({plan.sync_every}): each part meets at a step of its own")
+    if plan.strategy == strategies.ASYNC.name:
+        _check_async(config)
     every = config.checkpoint.every
     if every and every % plan.sync_every and not strategies.REGISTRY[plan.strategy].saves_replicas:
         raise ValueError(
@@ -287,6 +290,18 @@ def _check_low_communication(config: Config) -> None:
             f"plan.strategy {plan.strategy!r} avoids; use 'skip' (each replica skips its own "
             "bad update) or 'raise'"
         )
+
+
+def _check_async(config: Config) -> None:
+    if config.train.batch_ramp:
+        raise ValueError("train.batch_ramp: plan.strategy 'async' gives out the shares of "
+                         "equal global batches to whichever worker is free; leave it empty")
+    if config.fault.spike == "rollback":
+        raise ValueError("fault.spike: 'rollback' needs the workers to agree on one step, "
+                         "which plan.strategy 'async' avoids; use 'warn'")
+    if config.plan.pp > 1 or config.plan.tp > 1:
+        raise ValueError("plan.strategy 'async': each worker is one process holding the whole "
+                         "model; leave plan.pp and plan.tp at 1")
 
 
 def _apply_toml(config: Config, path: str | Path, what: str) -> None:
