@@ -3,6 +3,7 @@ asynchronous updates against synchronous DDP and blocking DiLoCo.
 
     python benchmarks/straggler.py [--seeds 5] [--steps 150] [--target accuracy>=0.9]
         [--staleness 2] [--sync-every 4] [--slow-rank 3] [--slow-s S] [--out DIR]
+    python benchmarks/straggler.py --exchange      # the exchange's channels, timed alone
 
 Each plan trains the demo's recipe (`examples/mnist1d_cnn.py`: global batch 128, Muon,
 its EMA evaluation) on 4 processes (`tandem run --nproc-per-node 4`) for `--steps`
@@ -60,6 +61,34 @@ def run(out: Path, name: str, plan: str, seed: int, args: argparse.Namespace,
             "wall_s": float(got.get("wall_time_s", math.nan))}
 
 
+def _exchange(rank: int, world: int, n: int, repeats: int) -> None:
+    """Time, on 2 gloo processes, what one push and one pull of an n-value model cost
+    through the store (set, then get by the other) against gloo's all-reduce and send/recv
+    of the same tensor (every rank must take part in those at that moment)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    store, x = dist.distributed_c10d._get_default_store(), torch.randn(n)
+    payload = x.numpy().tobytes()
+    timings: dict[str, float] = {}
+    for name, once in (
+            ("store set + get", lambda k: (store.set(f"p{k}", payload) if rank == 0
+                                           else store.get(f"p{k}"))),
+            ("gloo all_reduce", lambda k: dist.all_reduce(x)),
+            ("gloo send/recv", lambda k: dist.send(x, 1) if rank == 0 else dist.recv(x, 0))):
+        dist.barrier()
+        began = time.perf_counter()
+        for k in range(repeats):
+            once(k)
+        dist.barrier()
+        timings[name] = (time.perf_counter() - began) / repeats
+    if rank == 0:
+        print(f"{n} values ({n * 4 / 2**10:.0f} KiB), {repeats} repeats: " + ", ".join(
+            f"{k} {v * 1e3:.2f} ms" for k, v in timings.items()), flush=True)
+    dist.destroy_process_group()
+
+
 def spread(values: list[float]) -> str:
     """median [lowest, highest] of the finite values."""
     kept = sorted(v for v in values if math.isfinite(v))
@@ -100,7 +129,18 @@ def main() -> int:
     parser.add_argument("--slow-s", type=float, default=0.0,
                         help="seconds the slowed worker sleeps a step (0: DDP's step time)")
     parser.add_argument("--out", default="")
+    parser.add_argument("--exchange", action="store_true",
+                        help="only time the exchange's channels (the demo's model size, and "
+                        "1 M values)")
     args = parser.parse_args()
+    if args.exchange:
+        sys.path.insert(0, str(ROOT))
+        from tests.dist.procs import run_ranks
+
+        print(f"host load (1/5/15 min): {os.getloadavg()}", flush=True)
+        for n in (63_000, 1_000_000):
+            run_ranks(_exchange, 2, n, 50, timeout=300)
+        return 0
     out = Path(args.out or tempfile.mkdtemp(prefix="straggler-"))
     began = time.perf_counter()
     print(f"host load (1/5/15 min): {os.getloadavg()}", flush=True)
