@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="the students' steps (default: 600 for MNIST-1D, 100 for "
                              "char-LM; the teacher's: the example's recipe)")
+    parser.add_argument("--teacher-steps", type=int, default=None,
+                        help="the teacher's steps (default: the example's recipe)")
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--ratio", type=float, default=0.5)
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
@@ -103,8 +105,9 @@ def main() -> None:
     torch.set_num_threads(1)
     work = Path(ns.dir or tempfile.mkdtemp(prefix="tandem-distill-"))
     started = time.perf_counter()
+    longer = ["--train.steps", str(ns.teacher_steps)] if ns.teacher_steps else []
     teacher = figure_of(ex, work, "teacher", 0, ex.teacher,
-                        ["--checkpoint.at_end", "true", "--train.distill_ratio", "0"])
+                        ["--checkpoint.at_end", "true", "--train.distill_ratio", "0", *longer])
     print(f"{ns.task} teacher: {ex.metric} {teacher:.4f}", flush=True)
     student = ["--checkpoint.at_end", "false", "--train.steps", str(steps)]
     kd = [*student, "--train.distill_from", str(work / "teacher"),

@@ -166,3 +166,40 @@ def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
     logits = torch.load(tmp_path / "y.pt", weights_only=True)
     assert _accuracy(logits, y) == pytest.approx(chosen["file_accuracy"])
     assert chosen["file_accuracy"] == chosen["seeds"][0]
+
+
+class _Watched(FineTune):
+    """A fine-tune that also counts, after each step, the first layer's zeroed rows."""
+
+    def run(self, model, after_step=None) -> None:  # type: ignore[override]
+        def watch() -> None:
+            after_step()
+            rows = (model[0].weight == 0).all(1)
+            ZEROED.append(int(rows.sum()))
+        super().run(model, watch)
+
+
+ZEROED: list[int] = []
+
+
+def test_gradual_pruning_masks_on_the_cubic_schedule_then_removes() -> None:
+    pytest.importorskip("torch_pruning", reason="torch-pruning is in the dev extra")
+    sys.path.insert(0, str(SCRIPT.parent))
+    import compress_task
+
+    from tandem.compress.candidates import pruned
+
+    torch.manual_seed(0)
+    model = compress_task.make_model()
+    x = torch.randn(8, 16)
+    for gradual, steps in ((True, 8), (False, 2)):
+        ZEROED.clear()
+        out = pruned(model, 0.5, (x,), _Watched(compress_task.task, steps, 32, 0.5, 0),
+                     gradual=gradual)
+        end = steps // 2 if gradual else 0
+        # the share masked after step s: 0.5 * (1 - (1 - s / end)^3), held after `end`
+        share = [0.5 * (1 - (1 - min(1, s / end)) ** 3) if end else 0.5
+                 for s in range(1, steps + 1)]
+        assert ZEROED == [64 - math.ceil(64 * (1 - f)) for f in share]
+        assert (out[0].out_features, out[2].in_features, out[2].out_features,
+                out[4].out_features) == (32, 32, 32, 4)

@@ -4,9 +4,10 @@ short fine-tune each needs (`FineTune`).
 
 - low-rank: every Linear and ConvNd whose pair is smaller replaced by its truncated-SVD
   pair holding 50% or 25% of the layer's weights, then fine-tuned;
-- pruning: 25% or 50% of each coupled channel group masked at once (lowest group L2 norm;
-  the output layer's channels kept, and groups tied to an embedding or a bare parameter,
-  such as a transformer's residual stream), fine-tuned with the masks held, then removed;
+- pruning: 25% or 50% of each coupled channel group masked (lowest group L2 norm; the
+  output layer's channels kept, and groups tied to an embedding or a bare parameter, such
+  as a transformer's residual stream), the share growing on a cubic schedule over the first
+  half of the fine-tune and then held, then removed;
 - int8 PTQ: weights and inputs quantised, input ranges calibrated on training batches,
   converted, no training;
 - int8 QAT: fake-quantised, fine-tuned (ranges followed while training), converted.
@@ -127,20 +128,29 @@ def lowranked(model: nn.Module, share: float, tune: FineTune) -> nn.Module:
 
 
 def pruned(model: nn.Module, ratio: float, inputs: Sequence[torch.Tensor],
-           tune: FineTune) -> nn.Module:
-    """`ratio` of each channel group masked, fine-tuned with the masks held, removed."""
+           tune: FineTune, gradual: bool = True) -> nn.Module:
+    """`ratio` of each channel group masked, fine-tuned with the masks held, removed.
+    `gradual`: the masked share grows on the cubic schedule over the first half of the
+    fine-tune (`prune.ChannelPruning`, the lowest group norms of the weights as they train),
+    then is held; else all of it is masked before the first step."""
     out = copy.deepcopy(model)
     example = inputs[0] if len(inputs) == 1 else tuple(inputs)
     head = output_layer(out, inputs)
     graph = prune.graph(out, example)
     keep = (head,) if head else ()
     keep += tuple(prune.tied(out, example, keep, graph))
-    masked = prune.choose(out, example, ratio, keep=keep, dep_graph=graph)
-    if not any(masked.values()):
+    end = max(1, tune.steps // 2) if gradual else 0
+    pruning = prune.ChannelPruning(example, ratio, start=0, end=end,
+                                   every=max(1, end // 10), keep=keep)
+    pruning.transform_model(out, torch.device("cpu"))
+    if not gradual:
+        pruning.masked = prune.choose(out, example, ratio, keep=keep, dep_graph=graph)
+        prune.apply(out, example, pruning.masked, graph)
+    steps = itertools.count(1)
+    tune.run(out, lambda: pruning.after_step(next(steps), False))
+    if not any(pruning.masked.values()):
         raise ValueError("no channel group to prune")
-    prune.apply(out, example, masked, graph)
-    tune.run(out, lambda: prune.apply(out, example, masked, graph))
-    prune.remove(out, example, masked)
+    prune.remove(out, example, pruning.masked)
     return out.eval()
 
 

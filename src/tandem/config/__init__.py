@@ -235,6 +235,9 @@ def _check_distill(config: Config) -> None:
     if not 0 <= train.distill_ratio <= 1:
         raise ValueError(f"train.distill_ratio: {train.distill_ratio!r} is out of range; "
                          "expected a number in [0, 1]")
+    if not train.distill_cache_mb >= 0:
+        raise ValueError(f"train.distill_cache_mb: {train.distill_cache_mb!r} is out of "
+                         "range; expected a number >= 0 (0: off)")
 
 
 def _check_pipeline(config: Config) -> None:
