@@ -59,8 +59,13 @@ EXAMPLES: dict[str, tuple[tandem.Task, dict[str, Any], str, bool]] = {
 
 
 def train_original(task: tandem.Task, recipe: dict[str, Any], work: Path,
-                   steps: int | None) -> nn.Module:
-    """The example's model trained by its recipe, loaded from its checkpoint."""
+                   steps: int | None, given: str | None) -> nn.Module:
+    """The example's model trained by its recipe (or the run `given`), loaded from its
+    checkpoint."""
+    if given:
+        model = task.model()
+        InitFrom(given, field="--original", average=True).load(model)
+        return model.eval()
     flags = ["--run.dir", str(work), "--run.name", "original", "--run.seed", "0",
              "--monitor.progress", "off", "--monitor.report", "false",
              "--checkpoint.at_end", "true", "--train.target", "", "--train.eval_every", "0"]
@@ -134,6 +139,8 @@ def main() -> None:
                         help="prune all at once before fine-tuning (default: gradual)")
     parser.add_argument("--int8", action="store_true", help="also PTQ and QAT")
     parser.add_argument("--original-steps", type=int, default=None)
+    parser.add_argument("--original", default=None,
+                        help="a run directory of the example trained already (not trained)")
     parser.add_argument("--repeats", type=int, default=10, help="latency pairs")
     parser.add_argument("--dir", default=None)
     ns = parser.parse_args()
@@ -141,7 +148,7 @@ def main() -> None:
     torch.set_num_threads(1)
     started = time.perf_counter()
     work = Path(ns.dir or tempfile.mkdtemp(prefix="tandem-compress-"))
-    original = train_original(task, recipe, work, ns.original_steps)
+    original = train_original(task, recipe, work, ns.original_steps, ns.original)
     data = task.eval_data()
     inputs = model_inputs(task, collate_of(task, data)([data[i] for i in range(64)]))
 
