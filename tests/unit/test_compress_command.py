@@ -112,7 +112,7 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(1) == y).float().mean())
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
     pytest.importorskip("torch_pruning", reason="torch-pruning is in the dev extra")
     sys.path.insert(0, str(SCRIPT.parent))
