@@ -13,12 +13,8 @@ from rich.console import Console
 
 from tandem.config import reference
 from tandem.launcher import command as launch
+from tandem.monitor.store import add_store_argument
 from tandem.tables import print_fitted
-
-
-def _store_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default=None,
-                        help="the run store (default: $TANDEM_STORE, else runs/tandem.db)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     from tandem.monitor.runs_cli import add_arguments as runs_arguments
 
     runs_arguments(runs)
-    _store_arg(runs)
+    add_store_argument(runs)
     report = sub.add_parser("report", help="summarise a run and write its HTML report")
     report.add_argument("run", nargs="?", default=None,
                         help="run id, unique id prefix, or run name (default: the latest run)")
@@ -48,12 +44,12 @@ def _parser() -> argparse.ArgumentParser:
                         help="--validate: steps of each control run")
     report.add_argument("--log-every", type=int, default=5,
                         help="--validate: steps per logging window of each control run")
-    _store_arg(report)
+    add_store_argument(report)
     compare = sub.add_parser("compare", help="set runs side by side (table and HTML)")
     compare.add_argument("runs", nargs="+", help="two or more runs")
     compare.add_argument("--out", "--html", dest="out", default=None,
                          help="comparison file (default: in the first run's folder)")
-    _store_arg(compare)
+    add_store_argument(compare)
     plan = sub.add_parser("plan", help="which layouts fit a model on a machine, how fast each "
                           "would step (predicted, before anything runs)")
     from tandem.planner.command import add_arguments as plan_arguments

@@ -10,7 +10,9 @@ a JSON file: a list of faults such as
 kinds: kill (SIGKILL itself), sigterm, sigstop, raise (RuntimeError), nan (the step's
 loss becomes NaN), spike (the step's loss is multiplied by `seconds`, default 1000),
 slow (sleep `seconds`), corrupt (flip one byte of the checkpoint just
-written). phases: step (start of a step, the default), data, compute, optim,
+written). With "until": U a fault acts at every step from `step` to U - 1 (a worker
+slowed for a stretch of the run: {"rank": 3, "step": 0, "until": 1000000, "kind": "slow",
+"seconds": 0.05}). phases: step (start of a step, the default), data, compute, optim,
 checkpoint_write (a save's shards are written, its commit not yet made: in the background
 thread of an asynchronous save), checkpoint (a save committed), eval. A fault fires in
 restart attempt `attempt` only (default 0), so a restarted group does not die again at
@@ -47,6 +49,11 @@ class Fault:
     phase: str = "step"
     attempt: int = 0
     seconds: float = 1.0  # slow: how long; spike: the loss factor
+    until: int | None = None  # acts at every step in [step, until)
+
+    def due_at(self, step: int) -> bool:
+        """Whether the fault acts at `step`."""
+        return self.step <= step < self.until if self.until is not None else step == self.step
 
     @classmethod
     def parse(cls, item: dict) -> Fault:
@@ -59,7 +66,8 @@ class Fault:
         rank = item.get("rank", "*")
         return cls(step=int(item["step"]), kind=kind, rank=None if rank == "*" else int(rank),
                    phase=phase, attempt=int(item.get("attempt", 0)),
-                   seconds=float(item.get("seconds", 1000.0 if kind == "spike" else 1.0)))
+                   seconds=float(item.get("seconds", 1000.0 if kind == "spike" else 1.0)),
+                   until=int(item["until"]) if "until" in item else None)
 
 
 class FaultPlan:
@@ -69,7 +77,7 @@ class FaultPlan:
         self.rank = rank
         self.faults = [f for f in faults
                        if (f.rank is None or f.rank == rank) and f.attempt == attempt]
-        self.fired: set[Fault] = set()
+        self.fired: set[tuple[Fault, int]] = set()
 
     @classmethod
     def from_env(cls, rank: int, attempt: int) -> FaultPlan | None:
@@ -93,15 +101,17 @@ class FaultPlan:
         return float("nan") if due[0].kind == "nan" else due[0].seconds
 
     def _due(self, phase: str, step: int, pick: Callable[[Fault], bool]) -> list[Fault]:
-        due = [f for f in self.faults if f.step == step and f not in self.fired and pick(f)]
-        self.fired.update(due)
+        due = [f for f in self.faults
+               if f.due_at(step) and (f, step) not in self.fired and pick(f)]
+        self.fired.update((f, step) for f in due)
         return due
 
     def hit(self, phase: str, step: int, checkpoint: Path | None = None) -> None:
         """Act out the faults planned for (phase, step)."""
         on_loss = ("nan", "spike")
         for fault in self._due(phase, step, lambda f: f.phase == phase and f.kind not in on_loss):
-            log.warning("fault injection: %s at step %d (%s)", fault.kind, step, phase)
+            if step == fault.step:  # a fault over a stretch of steps speaks once
+                log.warning("fault injection: %s at step %d (%s)", fault.kind, step, phase)
             _log(fault, self.rank)
             _act(fault, checkpoint)
 

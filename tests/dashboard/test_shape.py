@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from tandem.dashboard.auth import is_loopback
 from tandem.dashboard.command import store_of
 from tandem.dashboard.shape import jsonable, metric_rows, segments
@@ -55,13 +57,21 @@ def test_loopback_hosts() -> None:
     assert not any(is_loopback(h) for h in ("0.0.0.0", "10.0.0.1", "example.com", ""))
 
 
-def test_the_run_store_of_a_script_from_its_flags(tmp_path: Path) -> None:
-    assert store_of([]) == Path("runs/tandem.db")
-    assert store_of(["--run.dir", "out"]) == Path("out/tandem.db")
+def test_the_run_store_of_a_script_from_its_flags(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TANDEM_STORE", raising=False)
+    assert store_of([]) == tmp_path / "runs/tandem.db"
+    assert store_of(["--run.dir", "out"]) == tmp_path / "out/tandem.db"
     assert store_of(["--monitor.store=/x/s.db", "--run.dir", "out"]) == Path("/x/s.db")
     cfg = tmp_path / "c.toml"
     cfg.write_text('[run]\ndir = "elsewhere"\n')
-    assert store_of(["--config", str(cfg)]) == Path("elsewhere/tandem.db")
+    assert store_of(["--config", str(cfg)]) == tmp_path / "elsewhere/tandem.db"
+    # The run writes where $TANDEM_STORE says unless the flags name a store: so must the
+    # dashboard beside it look.
+    monkeypatch.setenv("TANDEM_STORE", str(tmp_path / "env.db"))
+    assert store_of(["--run.dir", "out"]) == tmp_path / "env.db"
+    assert store_of(["--monitor.store=/x/s.db"]) == Path("/x/s.db")
 
 
 def test_a_pipelines_stages_get_bubble_heatmaps(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import tandem
 from tandem.data.sampler import epoch_order
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
+from tests.dist.toy_task import global_batches
 
 N, VOCAB, STEPS, GLOBAL, SEED = 60, 20, 12, 12, 3
 
@@ -100,13 +101,8 @@ def reference() -> tuple[nn.Module, float]:
     data = Sequences()
     model = MeanOfTokens()
     opt = optimizer(model.parameters())
-    epoch, offset = 0, 0
-    for _ in range(STEPS):
-        if offset + GLOBAL > N:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(SEED, epoch, N)[offset:offset + GLOBAL].tolist()
-        offset += GLOBAL
-        batch = pad([data[i] for i in ids])
+    for ids in global_batches(STEPS, GLOBAL, SEED, N):
+        batch = pad([data[i] for i in ids.tolist()])
         opt.zero_grad()
         loss(model(batch["tokens"]), batch).backward()
         opt.step()

@@ -1,7 +1,9 @@
 """Fine-tuning at two ranks: `run.init_from` a one-process run, and a DCP directory written
 under another library's names (`Task.map_weights`), into FSDP2 with `train.freeze` (DCP
 reshards the source into each rank's shards; the frozen shards keep the source's values),
-and LoRA under DDP against the same run in one process."""
+LoRA under DDP against the same run in one process, and LoRA under FSDP2 (frozen base and
+trained adapters in the same units) from a base's weights, its adapter-only checkpoints
+resumed at two ranks and on one."""
 
 from __future__ import annotations
 
@@ -105,3 +107,56 @@ def test_lora_under_ddp_trains_what_one_process_trains(tmp_path: Path) -> None:
     assert set(two) == set(reference)
     for name, value in reference.items():
         torch.testing.assert_close(two[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def _lora_fsdp_leg(rank: int, world: int, out: str, base: str) -> None:
+    # 2 steps, then the same run resumed from its step-2 checkpoint to step 4
+    for steps in (2, 4):
+        cfg = toy_task.config(out, steps, 20, run={"init_from": base},
+                              plan={"strategy": "fsdp"}, train={"lora_rank": 2},
+                              checkpoint={"every": 2, "async_save": False})
+        result = tandem.fit(toy_task.task(), config=cfg)
+    if rank == 0:
+        torch.save(result.model.state_dict(), Path(out, "final.pt"))
+
+
+def _lora_from(run_dir: Path, base: str, steps: int) -> dict[str, torch.Tensor]:
+    cfg = toy_task.config(str(run_dir), steps, 20, run={"init_from": base},
+                          train={"lora_rank": 2}, checkpoint={"every": 2, "async_save": False})
+    return tandem.fit(toy_task.task(), config=cfg).model.state_dict()
+
+
+@pytest.mark.timeout(300)
+def test_lora_under_fsdp2_resumes_its_adapter_checkpoints_at_two_ranks_and_one(
+        tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+
+    from tandem import checkpoint
+
+    torch.manual_seed(3)
+    base = str(tmp_path / "base.safetensors")
+    save_file(toy_task.make_model().state_dict(), base)
+    out = tmp_path / "fsdp"
+    out.mkdir()
+    run_ranks(_lora_fsdp_leg, 2, str(out), base, timeout=240)
+    # the checkpoints hold the adapters (whole, not one rank's slice), not the base
+    saved = dcp.FileSystemReader(str(checkpoint.latest(out / "toy" / "checkpoints")))
+    shapes = {k.removeprefix("model."): tuple(v.size) for k, v in
+              saved.read_metadata().state_dict_metadata.items() if k.startswith("model.")}
+    assert shapes == {"0.lora_A.weight": (2, 12), "0.lora_B.weight": (32, 2),
+                      "2.lora_A.weight": (2, 32), "2.lora_B.weight": (3, 2)}
+    reference = _lora_from(tmp_path / "one", base, 6)
+    four = _lora_from(tmp_path / "one4", base, 4)
+    two = torch.load(out / "final.pt", weights_only=True)
+    assert set(two) == set(four)
+    for name, value in four.items():
+        torch.testing.assert_close(two[name], value, rtol=0, atol=1e-6, msg=name)
+    # the two-rank run's adapter checkpoint, resumed on one process
+    resumed = _lora_from(out, base, 6)
+    for name, value in reference.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-6, msg=name)
+    frozen = {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert all(torch.equal(resumed[n], value) for n, value in
+               torch.load(out / "final.pt", weights_only=True).items() if n in frozen)
+    assert not torch.equal(resumed["2.lora_B.weight"], torch.zeros(3, 2))

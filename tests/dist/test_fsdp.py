@@ -30,16 +30,6 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 }
 
 
-def global_batches(steps: int, global_batch: int, seed: int = SEED) -> Iterator[torch.Tensor]:
-    """The sample ids of each global batch, in the documented order (as toy_task.reference)."""
-    epoch, offset = 0, 0
-    for _ in range(steps):
-        if offset + global_batch > toy_task.N_SAMPLES:
-            epoch, offset = epoch + 1, 0
-        yield epoch_order(seed, epoch, toy_task.N_SAMPLES)[offset:offset + global_batch]
-        offset += global_batch
-
-
 def reference(optimizer: str) -> dict[str, torch.Tensor]:
     """One process, plain PyTorch, the whole global batch per step."""
     if optimizer == "sgd":
@@ -47,7 +37,7 @@ def reference(optimizer: str) -> dict[str, torch.Tensor]:
     torch.manual_seed(derive_seed("build", SEED))
     data, model = toy_task.IndexedData(), toy_task.make_model()
     opt = OPTIMIZERS[optimizer](model.parameters())
-    for ids in global_batches(STEPS, GLOBAL):
+    for ids in toy_task.global_batches(STEPS, GLOBAL, SEED):
         opt.zero_grad()
         nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
         opt.step()
@@ -61,7 +51,7 @@ def _train(model: nn.Module, optimizer: str, accum: int, rank: int, world: int) 
     data = toy_task.IndexedData()
     opt = OPTIMIZERS[optimizer](model.parameters())
     share = GLOBAL // world
-    for ids in global_batches(STEPS, GLOBAL):
+    for ids in toy_task.global_batches(STEPS, GLOBAL, SEED):
         mine = ids[rank * share:(rank + 1) * share]
         for k, micro in enumerate(mine.chunk(accum)):
             last = k == accum - 1

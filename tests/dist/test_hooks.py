@@ -17,7 +17,7 @@ from tandem.parallel import hooks
 from tandem.runtime import derive_seed
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks
-from tests.dist.test_fsdp import global_batches
+from tests.dist.toy_task import global_batches
 
 GLOBAL, SEED, WORLD = 40, 7, 2
 FP16_STEPS, LOSSY_STEPS = 10, 30

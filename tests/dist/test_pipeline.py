@@ -29,6 +29,7 @@ from tandem.monitor.store import RunStore
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
 from tests.dist.token_data import Tokens, adamw, char_lm_task
+from tests.dist.toy_task import global_batches
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -72,12 +73,8 @@ def reference(steps: int, micro: int = MICRO) -> tuple[dict[str, torch.Tensor], 
     data = Tokens(N, T, 7)
     model = task().model()
     opt = adamw(model.parameters())
-    epoch, offset, losses = 0, 0, []
-    for _ in range(steps):
-        if offset + GLOBAL > N:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(SEED, epoch, N)[offset:offset + GLOBAL]
-        offset += GLOBAL
+    losses = []
+    for ids in global_batches(steps, GLOBAL, SEED, N):
         opt.zero_grad()
         total = 0.0
         for part in ids.split(micro):

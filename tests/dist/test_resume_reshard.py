@@ -32,10 +32,7 @@ def test_resume_across_world_sizes_repeats_and_skips_nothing(tmp_path: Path) -> 
         run_ranks(_leg, world, str(tmp_path), steps, f"{world}", timeout=100)
         seen = [json.loads((tmp_path / f"seen-{world}-{r}.json").read_text())
                 for r in range(world)]
-        share = GLOBAL // world
-        for step in range(steps - start):
-            for r in range(world):
-                trained += seen[r][step * share:(step + 1) * share]
+        trained += toy_task.global_order(seen, GLOBAL, steps - start)
         start = steps
     _, order = toy_task.reference(LEGS[-1][1], GLOBAL)
     assert trained == order

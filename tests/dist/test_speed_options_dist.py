@@ -52,19 +52,13 @@ def test_in_memory_batches_hold_the_dataloaders_samples(tmp_path: Path) -> None:
 
 def hand_average(steps: int, decay: float) -> dict[str, torch.Tensor]:
     """toy_task's plain one-process run, averaging the weights after every step."""
-    from tandem.data.sampler import epoch_order
     from tandem.runtime import derive_seed
 
     torch.manual_seed(derive_seed("build", 7))
     data, model = toy_task.IndexedData(), toy_task.make_model()
     opt = toy_task.make_optimizer(model.parameters())
     average = {n: p.detach().clone() for n, p in model.named_parameters()}
-    epoch, offset = 0, 0
-    for step in range(steps):
-        if offset + GLOBAL > toy_task.N_SAMPLES:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(7, epoch, toy_task.N_SAMPLES)[offset:offset + GLOBAL]
-        offset += GLOBAL
+    for step, ids in enumerate(toy_task.global_batches(steps, GLOBAL, 7)):
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()
         opt.step()

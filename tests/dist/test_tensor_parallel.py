@@ -23,6 +23,7 @@ from tandem.monitor.store import RunStore
 from tandem.runtime import derive_seed
 from tests.dist.procs import run_ranks
 from tests.dist.token_data import Tokens, adamw, char_lm_task
+from tests.dist.toy_task import global_batches
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import char_lm  # noqa: E402
@@ -53,12 +54,7 @@ def reference(steps: int) -> tuple[dict[str, torch.Tensor], float]:
     data = Tokens(N, T, 99)
     model = task().model()
     opt = adamw(model.parameters())
-    epoch, offset = 0, 0
-    for _ in range(steps):
-        if offset + GLOBAL > N:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(SEED, epoch, N)[offset:offset + GLOBAL]
-        offset += GLOBAL
+    for ids in global_batches(steps, GLOBAL, SEED, N):
         opt.zero_grad()
         char_lm.loss(model(data.x[ids, :-1]), (None, data.x[ids, 1:])).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -77,6 +79,26 @@ def fine_tune_config(run_dir: str, steps: int, source: str, part: str) -> tandem
                   checkpoint={"every": 5, "async_save": False})
 
 
+def global_batches(steps: int, global_batch: int, seed: int = 7,
+                   n: int = N_SAMPLES) -> Iterator[torch.Tensor]:
+    """The sample ids of each of `steps` global batches in the documented order: epochs of
+    `epoch_order(seed, epoch, n)`, a batch that does not fit an epoch's rest starts the next."""
+    epoch, offset = 0, 0
+    for _ in range(steps):
+        if offset + global_batch > n:
+            epoch, offset = epoch + 1, 0
+        yield epoch_order(seed, epoch, n)[offset:offset + global_batch]
+        offset += global_batch
+
+
+def global_order(seen: list[list[int]], global_batch: int, steps: int) -> list[int]:
+    """The samples `steps` global batches trained, in order, from what each rank saw (rank
+    r's list holds its contiguous share of every batch, one batch after the other)."""
+    share = global_batch // len(seen)
+    return [i for step in range(steps) for mine in seen
+            for i in mine[step * share:(step + 1) * share]]
+
+
 def reference(steps: int, global_batch: int, seed: int = 7, clip: float = 0.0,
               skip: frozenset[int] = frozenset()) -> tuple[nn.Module, list[int]]:
     """One process, plain PyTorch: the documented global order, full-batch mean loss."""
@@ -85,12 +107,7 @@ def reference(steps: int, global_batch: int, seed: int = 7, clip: float = 0.0,
     model = make_model()
     opt = make_optimizer(model.parameters())
     order: list[int] = []
-    epoch, offset = 0, 0
-    for step in range(steps):
-        if offset + global_batch > N_SAMPLES:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(seed, epoch, N_SAMPLES)[offset:offset + global_batch]
-        offset += global_batch
+    for step, ids in enumerate(global_batches(steps, global_batch, seed)):
         order += ids.tolist()
         opt.zero_grad()
         nn.functional.mse_loss(model(data.x[ids]), data.y[ids]).backward()

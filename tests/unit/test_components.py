@@ -15,7 +15,6 @@ from torch import nn
 
 import tandem
 from tandem.checkpoint import read_meta
-from tandem.data.sampler import epoch_order
 from tandem.runtime import derive_seed
 from tests.dist import toy_task
 
@@ -33,33 +32,6 @@ class Freeze(tandem.Component):
             if fnmatch.fnmatch(name, self.pattern):
                 p.requires_grad_(False)
         return model
-
-
-class WeightPenalty(tandem.Component):
-    """loss + LAM * (1 + steps / 10) * sum of the squared trainable weights: the
-    coefficient depends on the component's own state, so a resume that lost it would
-    train other weights."""
-
-    name = "penalty"
-
-    def __init__(self) -> None:
-        self.steps = 0
-        self.params: list[nn.Parameter] = []
-
-    def setup(self, parts: tandem.components.RunParts) -> None:
-        self.params = [p for p in parts.module.parameters() if p.requires_grad]
-
-    def loss(self, loss: torch.Tensor, outputs: Any, batch: Any) -> torch.Tensor:
-        return loss + penalty(self.params, self.steps)
-
-    def after_step(self, step: int, skipped: bool) -> None:
-        self.steps += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = int(state["steps"])
 
 
 class Counter(tandem.Component):
@@ -81,6 +53,25 @@ class Counter(tandem.Component):
         self.steps = int(state["steps"])
 
 
+class WeightPenalty(Counter):
+    """loss + LAM * (1 + steps / 10) * sum of the squared trainable weights: the
+    coefficient depends on the component's own state, so a resume that lost it would
+    train other weights; a rollback restores it."""
+
+    name = "penalty"
+    rolls_back = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.params: list[nn.Parameter] = []
+
+    def setup(self, parts: tandem.components.RunParts) -> None:
+        self.params = [p for p in parts.module.parameters() if p.requires_grad]
+
+    def loss(self, loss: torch.Tensor, outputs: Any, batch: Any) -> torch.Tensor:
+        return loss + penalty(self.params, self.steps)
+
+
 def penalty(params: list[nn.Parameter], steps: int) -> torch.Tensor:
     return LAM * (1 + steps / 10) * sum(p.pow(2).sum() for p in params)
 
@@ -94,12 +85,7 @@ def reference(steps: int, global_batch: int, seed: int = 7) -> nn.Module:
         p.requires_grad_(not name.startswith("0."))
     opt = toy_task.make_optimizer(model.parameters())
     trained = [p for p in model.parameters() if p.requires_grad]
-    epoch, offset = 0, 0
-    for step in range(steps):
-        if offset + global_batch > toy_task.N_SAMPLES:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(seed, epoch, toy_task.N_SAMPLES)[offset:offset + global_batch]
-        offset += global_batch
+    for step, ids in enumerate(toy_task.global_batches(steps, global_batch, seed)):
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(data.x[ids]), data.y[ids])
         (loss + penalty(trained, step)).backward()

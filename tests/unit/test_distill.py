@@ -14,7 +14,6 @@ from torch import nn
 import tandem
 from tandem.compress.distill import Distill, OutputCache, from_config, soft_loss
 from tandem.config import validate
-from tandem.data.sampler import epoch_order
 from tandem.errors import UsageError
 from tandem.monitor.catalogue import TIME_TEACHER
 from tandem.monitor.store import RunStore
@@ -52,12 +51,7 @@ def reference(teacher_state: dict[str, torch.Tensor], steps: int, global_batch: 
     teacher = toy_task.make_model()
     teacher.load_state_dict(teacher_state)
     opt = toy_task.make_optimizer(model.parameters())
-    epoch, offset = 0, 0
-    for _ in range(steps):
-        if offset + global_batch > toy_task.N_SAMPLES:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(seed, epoch, toy_task.N_SAMPLES)[offset:offset + global_batch]
-        offset += global_batch
+    for ids in toy_task.global_batches(steps, global_batch, seed):
         opt.zero_grad()
         out = model(data.x[ids])
         with torch.no_grad():

@@ -19,11 +19,11 @@ import tandem
 from tandem.components.ema import decay_at
 from tandem.config import OptimConfig, load
 from tandem.data.memory import MemoryDataset
-from tandem.data.sampler import epoch_order
 from tandem.data.seqlen import SeqRamp, cut
 from tandem.errors import UsageError
 from tandem.optim.schedule import lr_multiplier
 from tandem.runtime import derive_seed
+from tests.dist.toy_task import global_batches
 
 N, DIM, CLASSES = 96, 8, 4
 
@@ -77,12 +77,7 @@ def hand_run(steps: int, smoothing: float = 0.0, decay: float = 0.0,
     model = make_model()
     opt = make_optimizer(model.parameters())
     average = [p.detach().clone() for p in model.parameters()]
-    epoch, offset = 0, 0
-    for step in range(steps):
-        if offset + 16 > N:
-            epoch, offset = epoch + 1, 0
-        ids = epoch_order(seed, epoch, N)[offset:offset + 16]
-        offset += 16
+    for step, ids in enumerate(global_batches(steps, 16, seed, N)):
         opt.zero_grad()
         F.cross_entropy(model(data.x[ids]), data.y[ids], label_smoothing=smoothing).backward()
         opt.step()

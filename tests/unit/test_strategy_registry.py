@@ -26,7 +26,7 @@ def test_the_schema_allows_exactly_the_choosable_strategies() -> None:
     allowed = typing.get_args(typing.get_type_hints(PlanConfig)["strategy"])
     # The values stored configs hold: they must all still load.
     assert allowed == registry.CHOICES == ("auto", "single", "ddp", "fsdp", "localsgd",
-                                           "diloco", "streaming_diloco")
+                                           "diloco", "streaming_diloco", "async")
     assert "tp" in registry.REGISTRY and "tp" not in allowed  # chosen by plan.tp
     text = reference()
     for name in registry.CHOICES:
@@ -57,8 +57,10 @@ def test_pipeline_stages_combine_with_replicas_or_shards() -> None:
     with pytest.raises(ValueError, match="'localsgd' does not compose with them here: use "
                                          "'auto', 'ddp' or 'fsdp'"):
         validate(_config(strategy="localsgd", pp=2))
-    with pytest.raises(ValueError, match="pipeline and tensor parallelism do not compose"):
-        validate(_config(strategy="ddp", pp=2, tp=2))
+    for strategy in ("auto", "ddp", "fsdp"):  # and with tensor parallelism
+        validate(_config(strategy=strategy, pp=2, tp=2))
+    with pytest.raises(ValueError, match="'diloco' does not compose with them here"):
+        validate(_config(strategy="diloco", pp=2, tp=2))
 
 
 def test_the_search_space_uses_the_registry() -> None:

@@ -8,6 +8,8 @@ import argparse
 
 from rich.console import Console
 
+from tandem.monitor.store import add_store_argument
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The subcommand's options."""
@@ -41,9 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adopt the smallest eligible model, or the fastest at batch 64")
     parser.add_argument("--repeats", type=int, default=5,
                         help="latency measurements per model and batch size (median taken)")
-    parser.add_argument("--store", default=None,
-                        help="the run store (default: $TANDEM_STORE, else runs/tandem.db; "
-                             "for a run directory: tandem.db beside it)")
+    add_store_argument(parser, " (for a run directory: the tandem.db beside it)")
 
 
 

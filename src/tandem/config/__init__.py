@@ -52,6 +52,7 @@ _MINIMUM: dict[str, tuple[float, str]] = {
     "plan.outer_momentum": (0, "a number in [0, 1)"),
     "plan.fragments": (1, "an integer >= 1"),
     "plan.overlap_steps": (0, "an integer >= 0"),
+    "plan.staleness": (0, "an integer >= 0"),
     "plan.merge_alpha": (0, "a number in [0, 1)"),
     "plan.powersgd_rank": (1, "an integer >= 1"),
     "plan.powersgd_warmup": (2, "an integer >= 2"),
@@ -188,12 +189,10 @@ def validate(config: Config) -> Config:
         parse_seq_ramp(config.train.seq_ramp)
     if config.data.mix:
         parse_mix(config.data.mix)
-    if config.train.lora_rank and (config.plan.strategy == strategies.FSDP.name
-                                   or config.plan.tp > 1 or config.plan.pp > 1):
-        raise ValueError(f"train.lora_rank: adapters are built for whole layers on every "
-                         f"rank; plan.strategy {config.plan.strategy!r}, plan.tp "
+    if config.train.lora_rank and (config.plan.tp > 1 or config.plan.pp > 1):
+        raise ValueError(f"train.lora_rank: adapters are built for whole layers; plan.tp "
                          f"{config.plan.tp}, plan.pp {config.plan.pp} split them (use one "
-                         "process, ddp, localsgd or diloco)")
+                         "process, ddp, fsdp, localsgd or diloco)")
     _check_distill(config)
     if config.train.batch_ramp:
         parse_ramp(config.train.batch_ramp, config.train.global_batch)
@@ -206,7 +205,8 @@ def validate(config: Config) -> Config:
                          f"{config.optim.momentum_max}: need 0 <= min <= max < 1")
     if (mb := config.plan.malloc_threshold_mb) > 32:
         raise ValueError(f"plan.malloc_threshold_mb: {mb} is above glibc's limit of 32 (MiB)")
-    if config.plan.tp > 1 and config.plan.strategy not in strategies.names("takes_tp"):
+    if (config.plan.tp > 1 and config.plan.pp == 1
+            and config.plan.strategy not in strategies.names("takes_tp")):
         raise ValueError(f"plan.tp: {config.plan.tp} combines tensor parallelism with plain "
                          f"data parallelism; plan.strategy {config.plan.strategy!r} does not "
                          "compose with it here: use "
@@ -244,11 +244,9 @@ def _check_pipeline(config: Config) -> None:
     plan = config.plan
     if plan.strategy not in ("auto", "ddp", "fsdp"):
         raise ValueError(f"plan.pp: {plan.pp} pipeline stages combine with data-parallel "
-                         f"replicas or shards only; plan.strategy {plan.strategy!r} does not "
-                         "compose with them here: use 'auto', 'ddp' or 'fsdp'")
-    if plan.tp > 1:
-        raise ValueError(f"plan.pp: {plan.pp} with plan.tp {plan.tp}: pipeline and tensor "
-                         "parallelism do not compose here yet; use one of them")
+                         f"replicas or shards (and plan.tp) only; plan.strategy "
+                         f"{plan.strategy!r} does not compose with them here: use 'auto', "
+                         "'ddp' or 'fsdp'")
     if config.precision.mode == "fp16":
         raise ValueError("plan.pp: precision.mode 'fp16' needs one loss scale agreed by "
                          "every stage, which the pipeline does not do; use 'bf16' or 'fp32'")
@@ -279,6 +277,8 @@ def _check_low_communication(config: Config) -> None:
         if plan.fragments > plan.sync_every:
             raise ValueError(f"plan.fragments: {plan.fragments} must be <= plan.sync_every "
                              f"({plan.sync_every}): each part meets at a step of its own")
+    if plan.strategy == strategies.ASYNC.name:
+        _check_async(config)
     every = config.checkpoint.every
     if every and every % plan.sync_every and not strategies.REGISTRY[plan.strategy].saves_replicas:
         raise ValueError(
@@ -292,6 +292,18 @@ def _check_low_communication(config: Config) -> None:
             f"plan.strategy {plan.strategy!r} avoids; use 'skip' (each replica skips its own "
             "bad update) or 'raise'"
         )
+
+
+def _check_async(config: Config) -> None:
+    if config.train.batch_ramp:
+        raise ValueError("train.batch_ramp: plan.strategy 'async' gives out the shares of "
+                         "equal global batches to whichever worker is free; leave it empty")
+    if config.fault.spike == "rollback":
+        raise ValueError("fault.spike: 'rollback' needs the workers to agree on one step, "
+                         "which plan.strategy 'async' avoids; use 'warn'")
+    if config.plan.pp > 1 or config.plan.tp > 1:
+        raise ValueError("plan.strategy 'async': each worker is one process holding the whole "
+                         "model; leave plan.pp and plan.tp at 1")
 
 
 def _apply_toml(config: Config, path: str | Path, what: str) -> None:

@@ -165,6 +165,10 @@ class PlanConfig:
         "fp32", "streaming_diloco: format of the outer gradients on the wire (int8: one scale "
         "per tensor, all-gathered and summed after dequantising)"
     )
+    staleness: int = _doc(
+        2, "async: the most outer steps applied between a worker's pull of the model and "
+        "the outer step its update joins (s; 0: synchronous, as diloco)"
+    )
     bucket_mb: float = _doc(25.0, "DDP gradient bucket size in MiB")
     static_graph: bool = _doc(False, "DDP static_graph (the same parameters are used every step)")
     find_unused: bool = _doc(False, "DDP find_unused_parameters (some parameters get no gradient)")

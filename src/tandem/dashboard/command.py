@@ -7,10 +7,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from tandem.monitor.store import DEFAULT_RUN_DIR, add_store_argument, store_location
+
 if TYPE_CHECKING:
     from tandem.dashboard.server import DashboardServer
 
-DEFAULT_STORE = "runs/tandem.db"
 # The dashboard watches training: training comes first when both want a core.
 PRIORITIES = ("idle", "low", "normal")
 PRIORITY = "idle"
@@ -19,8 +20,7 @@ LOW_NICE = 19
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of `tandem dashboard`."""
-    parser.add_argument("--store", default=DEFAULT_STORE,
-                        help=f"the run store (default: {DEFAULT_STORE}); opened read-only")
+    add_store_argument(parser, ", opened read-only")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; any other address "
                              "requires a token: $TANDEM_DASHBOARD_TOKEN or a printed one)")
@@ -60,10 +60,10 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _serve(ns: argparse.Namespace) -> int:
-    store = Path(ns.store)
+    store = store_location(ns.store)
     if not store.is_file():
-        raise ValueError(f"--store: no run store at {ns.store!r}; runs write one to "
-                         "<run.dir>/tandem.db")
+        raise ValueError(f"no run store at {str(store)!r} (--store, else $TANDEM_STORE, else "
+                         "runs/tandem.db); runs write one to <run.dir>/tandem.db")
     try:
         from tandem.dashboard.server import DashboardServer
     except ImportError as err:
@@ -75,8 +75,9 @@ def _serve(ns: argparse.Namespace) -> int:
 
 
 def store_of(args: list[str]) -> Path:
-    """The store a script run with `args` writes: --monitor.store, else --run.dir's
-    tandem.db, else runs/tandem.db (the script's own defaults cannot be seen from here)."""
+    """The store a script run with `args` writes, resolved as the run resolves it
+    (`store_location`): --monitor.store, else $TANDEM_STORE, else --run.dir's tandem.db,
+    else runs/tandem.db (the script's own defaults cannot be seen from here)."""
     found: dict[str, str] = {}
     for i, arg in enumerate(args):
         for key in ("--monitor.store", "--run.dir", "--config"):
@@ -84,19 +85,14 @@ def store_of(args: list[str]) -> Path:
                 found[key] = args[i + 1]
             elif arg.startswith(key + "="):
                 found[key] = arg.split("=", 1)[1]
-    if "--monitor.store" in found:
-        return Path(found["--monitor.store"])
-    if "--run.dir" in found:
-        return Path(found["--run.dir"]) / "tandem.db"
+    explicit, run_dir = found.get("--monitor.store"), found.get("--run.dir")
     if "--config" in found and Path(found["--config"]).is_file():
         import tomllib
 
         tree = tomllib.loads(Path(found["--config"]).read_text())
-        if tree.get("monitor", {}).get("store"):
-            return Path(tree["monitor"]["store"])
-        if tree.get("run", {}).get("dir"):
-            return Path(tree["run"]["dir"]) / "tandem.db"
-    return Path(DEFAULT_STORE)
+        explicit = explicit or tree.get("monitor", {}).get("store")
+        run_dir = run_dir or tree.get("run", {}).get("dir")
+    return store_location(explicit, run_dir or DEFAULT_RUN_DIR)
 
 
 def beside_run(ns: argparse.Namespace) -> DashboardServer | None:

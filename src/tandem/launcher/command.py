@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dashboard-port", type=int, default=0,
                         help="the dashboard's port (default 0: a free one)")
     parser.add_argument("--dashboard-store", default=None,
-                        help="the store to show (default: from --monitor.store / --run.dir "
-                             "/ --config in the script's flags, else runs/tandem.db)")
+                        help="the store to show (default: the one the run writes: "
+                             "--monitor.store, else $TANDEM_STORE, else --run.dir's, "
+                             "from the script's flags or --config)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER,
                         help="the script's own flags (--section.field VALUE ...)")

@@ -153,6 +153,23 @@ COMM_OVERLAP = _metric("comm/overlap", "fraction",
                        "steps (the rest was waited for at the merge)")
 COMM_MERGE_WAIT = _metric("comm/merge_wait_s", "s",
                           "streaming DiLoCo: per step, waiting at merges for outer sums")
+COMM_PULL_WAIT = _metric("comm/pull_wait_s", "s",
+                         "async: per local step, this worker's wait to pull the outer model")
+ASYNC_LOCAL_STEPS = _metric("async/local_steps", "count",
+                            "async: local steps this worker took in the window")
+ASYNC_PUSHES = _metric("async/pushes", "count", "async: updates this worker pushed")
+ASYNC_EARLY_PUSHES = _metric("async/early_pushes", "count",
+                             "async: pushes made before sync_every steps because faster "
+                             "workers needed this worker's place within the staleness bound")
+ASYNC_STALENESS_MEAN = _metric("async/staleness_mean", "steps",
+                               "async: mean outer steps between this worker's pull and the "
+                               "outer step its push joined (its pushes so far)")
+ASYNC_STALENESS_MAX = _metric("async/staleness_max", "steps",
+                              "async: the most stale of this worker's pushes so far "
+                              "(<= plan.staleness)")
+ASYNC_FRESH = _metric("async/fresh_share", "fraction",
+                      "async: share of this worker's pushes so far that joined the outer step "
+                      "after the one they started from (staleness 0)")
 COMM_LATENCY = _metric("comm/latency_s", "s", "measured latency of a small all-reduce")
 COMM_ALLREDUCE_RATE = _metric("comm/allreduce_bytes_per_s", "bytes/s",
                               "measured all-reduce buffer bytes per second (median)")

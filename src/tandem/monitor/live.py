@@ -76,9 +76,14 @@ class LiveMonitor:
 
     def __init__(self, *, device: torch.device, rank: int, world_size: int, log_every: int,
                  tokens_per_sample: int | None, timing: bool = True,
-                 sharded: bool = False, measures_comm: bool = True) -> None:
+                 sharded: bool = False, measures_comm: bool = True,
+                 free_running: bool = False) -> None:
         self.device, self.rank, self.world = device, rank, world_size
         self.log_every = log_every
+        # Workers at their own pace (async): each takes its own number of local steps, each
+        # on one share of a global batch; a window holds at most all its shares.
+        self.free_running = free_running
+        self.capacity = log_every * (world_size if free_running else 1)
         self.sharded = sharded  # each rank holds a part of the weights (FSDP)
         # The plan times its communication on the critical path (else: not known).
         self.measures_comm = measures_comm and timing
@@ -158,12 +163,12 @@ class LiveMonitor:
         return {"step_time_p50_s": at(0.5), "step_time_p95_s": at(0.95)}
 
     def _pack(self, busy: float) -> torch.Tensor:
-        """This rank's window as one vector of fixed size 2 x log_every + len(_FIXED)."""
+        """This rank's window as one vector of fixed size 2 x capacity + len(_FIXED)."""
         n = len(self._losses)
-        pad = self.log_every - n
-        nan = torch.full((pad,), math.nan, device=self.device)
-        losses = torch.cat([torch.stack(self._losses), nan])
-        norms = torch.cat([torch.stack(self._norms), nan])
+        pad = self.capacity - n
+        nan = [torch.full((pad,), math.nan, device=self.device)]
+        losses = torch.cat([torch.stack(self._losses), *nan] if n else nan)
+        norms = torch.cat([torch.stack(self._norms), *nan] if n else nan)
         phases = self.clock.collect()
         fixed = [0.0, float(n), busy, float(self._samples), math.nan, math.nan, math.nan,
                  math.nan, 0.0, 0.0, *(phases[p] for p in PHASES),
@@ -183,7 +188,8 @@ class LiveMonitor:
               extra: dict[str, float | list[float]]) -> Window | None:
         """End a window: gather from all ranks; rank 0 gets the Window (`extra`: job-wide
         values, or a list of one value per rank). All ranks."""
-        if not self._losses:
+        # A free-running worker may have taken no step in a window the others filled.
+        if not self._losses and not self.free_running:
             return None
         table = gather(self._pack(busy))
         self._losses.clear()
@@ -195,8 +201,9 @@ class LiveMonitor:
             return None
         window = self._derive(step, table, extra)
         ordered = sorted(times)
-        window.rows += [(step, -1, TIME_STEP_P50, ordered[len(ordered) // 2]),
-                        (step, -1, TIME_STEP_MAX, ordered[-1])]
+        if ordered:
+            window.rows += [(step, -1, TIME_STEP_P50, ordered[len(ordered) // 2]),
+                            (step, -1, TIME_STEP_MAX, ordered[-1])]
         return window
 
     def _cuda_memory(self) -> tuple[float, float]:
@@ -216,11 +223,18 @@ class LiveMonitor:
         k = len(_FIXED)
         fixed = {name: table[:, i].tolist() for i, name in enumerate(_FIXED)}
         steps = int(fixed["steps"][0])
-        per_step_loss = (table[:, k:k + steps].sum(0) / self.world).tolist()
-        grad_norms = table[0, k + self.log_every:k + self.log_every + steps].tolist()
-        loss = sum(fixed["loss_sum"]) / (self.world * steps)
+        grad_norms = table[0, k + self.capacity:k + self.capacity + steps].tolist()
+        loss = sum(fixed["loss_sum"]) / max(1.0, sum(fixed["steps"]))
         busy = max(fixed["busy"])
-        rate = fixed["samples"][0] / busy if busy > 0 else 0.0
+        if self.free_running:  # rank 0's own steps; per step: a worker's local step
+            per_step_loss = table[0, k:k + steps].tolist()
+            counts = [max(1.0, c) for c in fixed["steps"]]
+            steps = statistics.fmean(counts)  # type: ignore[assignment]
+            samples = sum(fixed["samples"])
+        else:
+            per_step_loss = (table[:, k:k + steps].sum(0) / self.world).tolist()
+            counts, samples = [float(steps)] * self.world, fixed["samples"][0]
+        rate = samples / busy if busy > 0 else 0.0
         rows: list[Row] = [(step, -1, LOSS, loss), (step, -1, SAMPLES_PER_S, rate),
                            (step, -1, TIME_STEP, busy / steps)]
         if self.tokens_per_sample:
@@ -228,7 +242,7 @@ class LiveMonitor:
         finite = [g for g in grad_norms if math.isfinite(g)]
         if finite:
             rows.append((step, -1, GRAD_NORM, statistics.fmean(finite)))
-        rows += self._per_rank(step, fixed, steps)
+        rows += self._per_rank(step, fixed, counts)
         update, weight = fixed["update_sq"], fixed["weight_sq"]
         if math.isfinite(update[0]) and math.isfinite(weight[0]):
             # Sharded weights: each rank holds a part, so the parts add up; replicas hold
@@ -259,7 +273,7 @@ class LiveMonitor:
                                                                **system}.items()]
         rows += [(step, r, name, value) for name, values in per_rank.items()
                  for r, value in enumerate(values)]
-        events = self._detect(step, per_step_loss, grad_norms[:steps], rate,
+        events = self._detect(step, per_step_loss, grad_norms, rate,
                               statistics.fmean(fixed["data"]) / max(busy, 1e-12))
         return Window(step=step, loss=loss, samples_per_s=rate, rows=rows, events=events,
                       step_s=busy / steps)
@@ -276,12 +290,16 @@ class LiveMonitor:
         value = self.noise.value()
         return rows + ([] if value is None else [(step, -1, GRAD_NOISE_SCALE, value)])
 
-    def _per_rank(self, step: int, fixed: dict[str, list[float]], steps: int) -> list[Row]:
-        """Each rank's step, memory, straggler score (its wait: backward) and phases."""
+    def _per_rank(self, step: int, fixed: dict[str, list[float]],
+                  counts: list[float]) -> list[Row]:
+        """Each rank's step, memory, straggler score (its wait: backward) and phases
+        (`counts`: each rank's steps in the window)."""
         ranks = range(self.world)
-        rows = rank_rows(step, ranks, [b / steps for b in fixed["busy"]],
-                         [bw / steps for bw in fixed["backward"]], fixed["rss"])
+        rows = rank_rows(step, ranks, [b / n for b, n in zip(fixed["busy"], counts, strict=True)],
+                         [bw / n for bw, n in zip(fixed["backward"], counts, strict=True)],
+                         fixed["rss"])
         for r in ranks:
+            steps = counts[r]
             rows.append((step, r, TIME_COMPUTE,
                          (fixed["forward"][r] + fixed["backward"][r]
                           - fixed["comm_tail"][r]) / steps))

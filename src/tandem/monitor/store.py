@@ -8,6 +8,7 @@ instead of failing.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
@@ -100,6 +101,14 @@ def store_location(explicit: str | Path | None = None,
     `<run_dir>/tandem.db`. The one place that decides it."""
     chosen = explicit or os.environ.get(STORE_ENV) or Path(run_dir) / STORE_FILE
     return Path(chosen).expanduser().resolve()
+
+
+def add_store_argument(parser: argparse.ArgumentParser, use: str = "") -> None:
+    """The `--store` flag of every command that reads or writes the run store, resolved by
+    `store_location` (`use`: what else the command keeps there, said in its help)."""
+    parser.add_argument("--store", default=None,
+                        help=f"the run store{use} (default: ${STORE_ENV}, else "
+                             f"{DEFAULT_RUN_DIR}/{STORE_FILE})")
 
 
 # Whether a runs row recorded any metric (it trained), read from the covering index.

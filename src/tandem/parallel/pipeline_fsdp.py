@@ -12,10 +12,14 @@ reshards checkpoints between this layout and any other. Tied weights on two proc
 have their gradient shards summed over the stages; on one process (a V-shaped schedule
 puts the first and last stages together) both stages' FSDP2 units hold the one sharded
 parameter, and each adds its reduce-scattered part to its gradient. The gradient norm
-sums every rank's shard of every stage once.
+sums every rank's shard of every stage once. Under plan.tp the layers the task names are
+split over the tensor-parallel peers first (`PipelineStrategy._split`), and FSDP2 shards
+those DTensors further over the data ranks (a (dp, tp) DTensor, as torchtitan does).
 
 The whole model, run only for the preflight check, evaluation and the exported module,
-is a plain copy that every stage's shards are gathered into on use.
+is a plain copy that every stage's shards are gathered into on use; the model whose
+names key the checkpoints keeps the other stages on the meta device, so a process holds
+the whole model once, as under a pipeline of replicas, plus its shards.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import copy
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tandem.parallel.fsdp import DTYPES
 from tandem.parallel.pipeline import PipelineStrategy, _aliases
 from tandem.parallel.registry import PP_FSDP, StrategyInfo
 from tandem.parallel.stages import units
+from tandem.parallel.tensor import local
 
 
 class PipelineFSDPStrategy(PipelineStrategy):
@@ -58,6 +62,8 @@ class PipelineFSDPStrategy(PipelineStrategy):
                 if unit in blocks:
                     fully_shard(model.get_submodule(unit), **kwargs)
             fully_shard(module, **kwargs)
+        _forget(model, [u for s, units_ in enumerate(self.split) if s not in self.mine
+                        for u in units_])
         # FSDP2 registers each sharded parameter on the module that held it: a stage's
         # own copy of the root for the root's parameters. The local module (whose
         # parameters the optimizer takes) and the naming module take them too, a tied
@@ -81,31 +87,29 @@ class PipelineFSDPStrategy(PipelineStrategy):
     def _average_replicas(self, params: list[nn.Parameter]) -> None:
         """Nothing: the schedule's last backward reduce-scattered the shards' mean."""
 
-    @staticmethod
-    def _local(tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's shard of a sharded tensor (it shares its storage)."""
-        from torch.distributed.tensor import DTensor
-
-        return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
     def _no_grad(self, param: nn.Parameter) -> torch.Tensor:
         """Zeros of the shape of this rank's shard (FSDP2 cuts dim 0 as torch.chunk does,
         the ranks past the last chunk holding none)."""
         chunks = torch.chunk(torch.empty(param.shape[0], device="meta"), self.layout.dp_size)
         rows = chunks[self.layout.dp_rank].shape[0] if self.layout.dp_rank < len(chunks) else 0
-        return torch.zeros((rows, *param.shape[1:]), dtype=param.dtype, device=param.device)
+        return torch.zeros((rows, *param.shape[1:]), dtype=param.dtype,
+                           device=self.runtime.device)
 
-    @property
-    def _norm_group(self) -> dist.ProcessGroup | None:
+    def _first_copy(self) -> bool:
         """Every rank: each holds a shard of a stage that no other rank holds."""
-        return None
+        return True
 
     def _fill(self, fqn: str, tensor: torch.Tensor) -> None:
-        """Gather this stage's shards of `fqn` (its data-parallel ranks, all at once)."""
-        from torch.distributed.tensor import DTensor
+        """Gather this stage's shards of `fqn` (its data-parallel ranks, all at once); a
+        layer split over the tensor-parallel peers keeps this peer's part of it."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
 
         live = self.live[fqn].detach()
-        tensor.data.copy_(live.full_tensor() if isinstance(live, DTensor) else live)
+        value = live.full_tensor() if isinstance(live, DTensor) else live
+        if isinstance(tensor, DTensor):  # cut locally: every peer has the whole value
+            value = distribute_tensor(value, tensor.device_mesh, tensor.placements,
+                                      src_data_rank=None).to_local()
+        local(tensor.data).copy_(value)
 
     def weights_replaced(self) -> None:
         """Drop any gathered stage parameters; fetch the other stages' weights again."""
@@ -121,6 +125,30 @@ class PipelineFSDPStrategy(PipelineStrategy):
         return {**super().describe(), "dp_shard": self.layout.dp_size,
                 "fsdp_param_dtype": self.plan.fsdp_param_dtype,
                 "fsdp_reduce_dtype": self.plan.fsdp_reduce_dtype}
+
+
+def _forget(model: nn.Module, others: list[str]) -> None:
+    """Move the units of other processes' stages to the meta device, tied parameters
+    still tied: only their names are used here (the whole model that runs is a copy)."""
+    metas: dict[int, nn.Parameter] = {}
+
+    def meta(param: nn.Parameter) -> nn.Parameter:
+        if id(param) not in metas:
+            metas[id(param)] = nn.Parameter(param.detach().to("meta"),
+                                            requires_grad=param.requires_grad)
+        return metas[id(param)]
+
+    for unit in others:
+        path, _, name = unit.rpartition(".")
+        owner = model.get_submodule(path)
+        held = [(owner, name)] if name in owner._parameters or name in owner._buffers else [
+            (module, key) for module in owner.get_submodule(name).modules()
+            for key in (*module._parameters, *module._buffers)]
+        for module, key in held:
+            if (param := module._parameters.get(key)) is not None:
+                module._parameters[key] = meta(param)
+            elif (buffer := module._buffers.get(key)) is not None:
+                module._buffers[key] = buffer.to("meta")
 
 
 def _place(model: nn.Module, fqn: str, param: nn.Parameter, always: bool = False) -> None:

@@ -45,6 +45,9 @@ class StrategyInfo:
     """Has nothing to do on one process: runs as `single` there."""
     saves_replicas: bool = False
     """Checkpoints hold every replica's own weights: one may fall between meetings."""
+    free_running: bool = False
+    """Workers take local steps at their own pace between the run's sync points (windows,
+    evaluations, checkpoints): the trainer's async pace, not one step on every rank."""
 
     def load(self) -> type[Strategy]:
         """The strategy class (imported now)."""
@@ -80,22 +83,30 @@ STREAMING_DILOCO = StrategyInfo(
     summary="diloco in plan.fragments parts meeting at staggered steps, each part's sum "
     "overlapped with plan.overlap_steps inner steps", meets_every=True, needs_world=True,
     saves_replicas=True)
+ASYNC = StrategyInfo(
+    name="async", path="tandem.parallel.asynchronous:AsyncStrategy",
+    summary="workers push their change every sync_every steps and pull the averaged model "
+    "without waiting for each other, an update at most plan.staleness outer steps stale "
+    "(0: synchronous, as diloco)", meets_every=True, needs_world=True, saves_replicas=True,
+    free_running=True)
 TP = StrategyInfo(
     name="tp", path="tandem.parallel.tensor:TensorParallelStrategy",
     summary="data x tensor parallel, chosen by plan.tp > 1", choosable=False,
     exact=True)
 PP = StrategyInfo(
     name="pp", path="tandem.parallel.pipeline:PipelineStrategy",
-    summary="pipeline stages x data-parallel replicas, chosen by plan.pp > 1",
+    summary="pipeline stages x data-parallel replicas (x tensor-parallel peers with "
+    "plan.tp > 1), chosen by plan.pp > 1",
     choosable=False, exact=True)
 PP_FSDP = StrategyInfo(
     name="pp_fsdp", path="tandem.parallel.pipeline_fsdp:PipelineFSDPStrategy",
-    summary="pipeline stages x FSDP2 shards of each stage, chosen by plan.pp > 1 with "
-    "plan.strategy fsdp", choosable=False, exact=True)
+    summary="pipeline stages x FSDP2 shards of each stage (x tensor-parallel peers with "
+    "plan.tp > 1), chosen by plan.pp > 1 with plan.strategy fsdp", choosable=False,
+    exact=True)
 
 REGISTRY: dict[str, StrategyInfo] = {
-    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, STREAMING_DILOCO, TP, PP,
-                             PP_FSDP)}
+    s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, STREAMING_DILOCO, ASYNC, TP,
+                             PP, PP_FSDP)}
 # The values `plan.strategy` accepts, in the order the reference lists them.
 CHOICES: tuple[str, ...] = tuple(s.name for s in REGISTRY.values() if s.choosable)
 

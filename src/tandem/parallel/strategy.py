@@ -208,6 +208,11 @@ class Strategy:
         """The parameters' values were overwritten in place (an average swapped in or out):
         drop any gathered copy of them, so the next forward sees the new values."""
 
+    def evaluating(self) -> contextlib.AbstractContextManager[None]:
+        """A context in which the module holds the weights an evaluation is of (the
+        model the workers share, where each trains its own replica)."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def calibrating(self, one_pass: Pass) -> Iterator[None]:
         """Extra forward/backward passes inside leave no trace in later steps."""

@@ -51,7 +51,7 @@ class Evaluations:
         """Loss and metrics over the evaluation set (none without one). All ranks."""
         if self.dataset is None:
             return {}
-        with self.components.evaluating():
+        with self.strategy.evaluating(), self.components.evaluating():
             if isinstance(self.dataset, MixedDataset):
                 values = self._per_source(self.dataset)
             else:

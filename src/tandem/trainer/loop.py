@@ -24,14 +24,15 @@ from tandem.monitor.live import LiveMonitor
 from tandem.optim import share_work
 from tandem.optim.schedule import LrController
 from tandem.parallel import build_strategy, plan_layout
-from tandem.runtime import Runtime, seed_step
+from tandem.runtime import Runtime
 from tandem.task import Task
 from tandem.trainer import preflight, restore
 from tandem.trainer.calibration import Calibration
-from tandem.trainer.data import build_data, micro_batches
+from tandem.trainer.data import build_data
 from tandem.trainer.evaluations import Evaluations
 from tandem.trainer.export import exported
 from tandem.trainer.guard import PreemptionFlag, agree, stop_committed
+from tandem.trainer.pace import pace_of
 from tandem.trainer.precision import Precision
 from tandem.trainer.progress import Reporter
 from tandem.trainer.resumed import Resumed, optimizer_record
@@ -96,13 +97,15 @@ class Trainer:
             device=runtime.device, rank=runtime.rank, world_size=runtime.world_size,
             log_every=config.monitor.log_every, tokens_per_sample=task.tokens_per_sample,
             timing=config.monitor.timing, sharded=self.strategy.shards_weights,
-            measures_comm=self.strategy.times_comm)
+            measures_comm=self.strategy.times_comm,
+            free_running=self.strategy.info.free_running)
         self.steps = StepRunner(StepParts(
             task=data.train_task, config=config, model=self.model, optimizer=self.optimizer,
             params=self.params, strategy=self.strategy, precision=self.precision,
             monitor=self.monitor, batches=self.batches, device=runtime.device,
             components=self.components))
         self.calibration = Calibration(self.steps.p)
+        self.pace = pace_of(self)
         self.evaluations = Evaluations(task, data.eval_dataset, config, runtime, self.strategy,
                                        self.precision, self.layout, self.components, target)
         # The trainer's own state, then the components': what a checkpoint holds, and
@@ -165,8 +168,7 @@ class Trainer:
     def run(self, reporter: Reporter) -> dict[str, Any]:
         """Train to `train.steps`, evaluating and checkpointing on schedule. All ranks."""
         cfg, progress = self.config, self.progress
-        batches = micro_batches(self.data, cfg, self.layout.dp_rank, progress.cursor,
-                                self.state.step, self.runtime.device, lambda: self.state.step)
+        self.pace.start()
         clock, window = RunClock(progress.elapsed_s), WindowClock()
         self.started_at = time.time()
         self.model.train()
@@ -174,7 +176,7 @@ class Trainer:
         # measures again (its size, its link and its step may be another run's).
         first = self.state.step
         while self.state.step < cfg.train.steps and not self.stopped_at_target:
-            bad = self._one_step(batches, window, reporter, len(self.data.dataset))
+            bad = self.pace.stretch(window, reporter)
             window.pause()  # logging, evaluation and checkpoints are not training time
             if bad is not None:
                 # The window ends with the bad step: its steps are logged before they are
@@ -197,35 +199,6 @@ class Trainer:
         self.checkpoints.wait()
         progress.elapsed_s = clock.elapsed()
         return self.summary()
-
-    def _one_step(self, batches: Any, window: WindowClock, reporter: Reporter,
-                  dataset_len: int) -> str | None:
-        """Run one optimizer step; the reason to roll back, when it asks for one."""
-        cfg, state = self.config, self.state
-        self.components.at("step", state.step)
-        # Tensor-parallel peers draw the same numbers (they compute one replica together).
-        seed_step(cfg.run.seed, self.layout.dp_rank, state.step)
-        window.lr = self.lr.apply(state.step)
-        size = self.batches.size_at(state.step)
-        started = time.perf_counter()
-        loss, norm, skipped, passes = self.steps.run(batches, state.step)
-        window.add_step(passes)
-        state.step += 1
-        # Step time includes a low-communication meeting, as the window's time/step does.
-        self.monitor.clock.begin("comm", on_device=True)
-        self.strategy.after_step(state.step, last=state.step == cfg.train.steps)
-        self.monitor.clock.end()
-        self.components.after_step(state.step, skipped)
-        self.monitor.step(loss, norm, time.perf_counter() - started, size)
-        self.progress.consume(size, dataset_len)
-        if skipped:
-            reason = f"non-finite gradient norm ({norm.item()}) at step {state.step - 1}"
-            if cfg.fault.nonfinite == "raise":
-                raise FloatingPointError(reason + " (fault.nonfinite = 'raise')")
-            if cfg.fault.nonfinite == "rollback":
-                return reason
-            reporter.event(state.step - 1, "skip", f"{reason}: the update was skipped")
-        return None
 
     def _log_window(self, window: WindowClock, reporter: Reporter, clock: RunClock) -> None:
         self.progress.train_s += window.busy

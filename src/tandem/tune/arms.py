@@ -26,6 +26,7 @@ from tandem.tune.trial import RunOutcome
 Launch = Callable[[str, Mapping[str, Any], str], RunOutcome]
 FigureOf = Callable[[RunOutcome], Mapping[str, float]]
 FIGURES = ("wall", "step")
+TASKS = "tasks"  # a mixture's figure: 1 / seconds to every task's target (`mixing.py`)
 PLACEBO = "placebo"
 
 
@@ -197,6 +198,13 @@ class Bench:
             out["ratio"] = iv.as_dict()
         return out
 
+    def placebo_rate(self) -> stats.Interval | None:
+        """The current plan's samples/s over the placebo's runs (None: none yet)."""
+        placebo = self.placebo
+        runs = [r.figures["wall"] for p in (placebo.pairs if placebo else ())
+                for r in (p.reference, p.arm) if "wall" in r.figures]
+        return stats.rate_interval(runs, self.confidence) if runs else None
+
     def startups(self) -> dict[str, float | int] | None:
         """What the runs' start-ups cost the session (each run's own `startup_s`, from
         its process's start to its first step): runs, total and median seconds."""
@@ -215,10 +223,15 @@ def evidence_text(record: Mapping[str, Any]) -> str:
     ratio = record.get("ratio")
     if not ratio:
         return "no pair measured"
-    parts = [f"{_iv(ratio)}x ({record.get('figure', 'wall')} samples/s, "
-             f"{record.get('pairs', 0)} paired runs)"]
+    figure = record.get("figure", "wall")
+    what = ("1 / seconds to every task's target" if figure == TASKS
+            else f"{figure} samples/s")
+    parts = [f"{_iv(ratio)}x ({what}, {record.get('pairs', 0)} paired runs)"]
     medians = record.get("medians")
-    if medians:
+    if medians and figure == TASKS:
+        parts.append(f"medians {1 / medians['arm']:.4g} vs {1 / medians['reference']:.4g} s "
+                     "to every target")
+    elif medians:
         parts.append(f"medians {medians['arm']:.4g} vs {medians['reference']:.4g} samples/s")
     noise = record.get("noise") or {}
     spread = f"pair sd {100 * (noise.get('pair_sd') or 0):.1f}%, {noise.get('df', 0)} df"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tandem.monitor.store import add_store_argument
 from tandem.tables import print_fitted
 from tandem.tune import planfile, space
 from tandem.tune import stats as tstats
@@ -22,9 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", default="10m",
                         help="wall time for the whole session: 90s, 10m, 1h (default 10m)")
     parser.add_argument("--out", default="plan.toml", help="the plan file written at the end")
-    parser.add_argument("--store", default=None,
-                        help="run store for the trials and the decision record (default: "
-                             "$TANDEM_STORE, else runs/tandem.db)")
+    add_store_argument(parser, " for the trials and the decision record")
     parser.add_argument("--work-dir", default="runs/tune",
                         help="where trial runs, their plan files and logs go")
     parser.add_argument("--max-trials", type=int, default=10,
@@ -56,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--try", dest="tries", action="append", default=[],
                         metavar="KEY=VALUE[,KEY=VALUE]",
                         help="a candidate to try first (repeatable)")
+    parser.add_argument("--task-target", dest="task_targets", action="append", default=[],
+                        metavar="'task/NAME/METRIC>=V'",
+                        help="a mixture's task goal (repeatable): other shares of the "
+                             "mixture are judged by the time to every one (default: each "
+                             "task's eval_loss where the baseline run ended)")
     parser.add_argument("--plan", default=None,
                         help="the current plan file, if the job already runs with one")
     parser.add_argument("--hparams", action="store_true",
@@ -77,7 +81,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
                         steps=ns.steps, log_every=ns.log_every, min_gain=ns.min_gain,
                         run_s=ns.run_seconds,
                         guard_steps=ns.guard_steps, placebo_pairs=ns.placebo_pairs,
-                        max_pairs=ns.max_pairs)
+                        max_pairs=ns.max_pairs, task_targets=tuple(ns.task_targets))
     if settings.placebo_pairs < 2:
         raise ValueError(f"--placebo-pairs {settings.placebo_pairs}: at least 2 pairs are "
                          "needed to measure the noise")

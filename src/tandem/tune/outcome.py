@@ -26,6 +26,7 @@ class Settings:
     placebo_pairs: int = 3
     max_pairs: int = tstats.MAX_PAIRS
     control_pairs: int = 3
+    task_targets: tuple[str, ...] = ()  # a mixture's, 'task/NAME/METRIC>=V' (`mixing.py`)
 
 
 @dataclass

@@ -1,13 +1,13 @@
 """What a tuning session tries next: the smells' fixes and the candidates sized from the
 job's measurements, then the remedies of each diagnosed family (behind its control),
-largest predicted gain first."""
+largest predicted gain first (a mixture's other shares, `mixing.py`, after them)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from tandem.tune import controls, sizing, space
+from tandem.tune import controls, mixing, sizing, space
 from tandem.tune.space import Candidate
 
 
@@ -28,6 +28,8 @@ def proposals(smells: Iterable[Any], measured: Any, findings: Sequence[Any],
             queue += space.compute_remedies(base, reason, measured.on_gpu)
         elif family == "pipeline":
             queue += space.pipeline_remedies(finding, reason)
+        elif family == "mixing":
+            queue += mixing.remedies(finding, base, reason)
     return by_predicted_gain(queue)
 
 

@@ -19,7 +19,8 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    largest predicted gain first (`proposals.by_predicted_gain`: the smells and
    measured candidates carry one), then each diagnosed family after its control
    experiment (`controls.py`): a refuted family, or one whose control cannot gain
-   1 + min_gain, is skipped. Each candidate is an arm against the current plan, in
+   1 + min_gain, is skipped (a mixture's other shares, `mixing.py`, are judged by the
+   time to every task's target). Each candidate is an arm against the current plan, in
    pairs of runs with alternating order, judged after each pair by a sequential test
    (`stats.judge`): it wins (lower bound at the look's confidence over the floor, from
    its first pair on: an effect that dwarfs the noise is decided at once), stops (upper
@@ -56,7 +57,7 @@ from typing import Any
 from tandem.analyze.diagnosis.diagnose import Finding, diagnose_run
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
-from tandem.tune import controls, guard, runsize, sizing, smells, space
+from tandem.tune import controls, guard, mixing, runsize, sizing, smells, space
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.measure import Measured, measured_from
@@ -94,7 +95,9 @@ class Tuner:
         self.measured: Measured | None = None
         self.adopted: list[Arm] = []
         self.validations: dict[str, dict[str, Any]] = {}
-        self.bench = Bench(self._launch, settings.min_gain, settings.confidence)
+        self.targets = mixing.parse_targets(settings.task_targets)  # else the baseline's
+        self.bench = Bench(self._launch, settings.min_gain, settings.confidence, lambda run:
+                           {**run.figures, **mixing.figure(run, self.targets)})
         self.a0: RunOutcome | None = None
         self.judged: set[tuple[tuple[str, str], ...]] = set()  # candidates' own changes
         self.speed: tstats.Interval | None = None
@@ -184,7 +187,7 @@ class Tuner:
             self._record("baseline", "baseline", "failed", {}, {"error": a0.error},
                          f"the current plan did not run: {a0.error}")
             raise RuntimeError(f"the baseline run failed: {a0.error}")
-        self.a0 = a0
+        self.a0, self.targets = a0, self.targets or mixing.baseline_targets(a0)
         self._measure(a0)
         self._placebo(a0)
         queue = list(self.extra) + self._proposals()
@@ -242,12 +245,9 @@ class Tuner:
         arm = self.bench.placebo
         assert arm is not None
         figures = {**self.bench.record(arm), "reason": "the current plan against itself"}
-        runs = [r.figures["wall"] for p in arm.pairs for r in (p.reference, p.arm)
-                if "wall" in r.figures]
-        if runs:
-            figures["samples_per_s"] = tstats.rate_interval(runs, self.s.confidence).as_dict()
-        status = "failed" if error else "measured"
-        self._record(arm.label, PLACEBO, status, {}, figures,
+        if (rate := self.bench.placebo_rate()) is not None:
+            figures["samples_per_s"] = rate.as_dict()
+        self._record(arm.label, PLACEBO, "failed" if error else "measured", {}, figures,
                      f"this machine's noise: {evidence_text(figures)}"
                      + (f"; a run failed ({error})" if error else ""))
 
@@ -352,7 +352,7 @@ class Tuner:
         self.trials += 1
         # the k-th candidate spends 2^-k of the session's error rate (`stats.py`)
         arm = self.bench.add(Arm(cand.label, "candidate", changes, dict(self.incumbent),
-                                 share=0.5 ** self.trials))
+                                 share=0.5 ** self.trials, figure=cand.figure))
         if cand.predicted:
             self.stretch[self._key(changes)] = cand.predicted
         verdict, error, guard_verdict = "more", "", None
@@ -379,7 +379,7 @@ class Tuner:
         if guard_verdict is not None:
             figures["guard"] = guard_verdict.as_dict()
         ev = f"{predicted_text(cand.predicted)}, measured {evidence_text(figures)}"
-        floor = f"{self.bench.floor('wall'):.3g}"
+        floor = f"{self.bench.floor(arm.figure):.3g}"
         if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
                          {**figures, "error": error}, f"a run failed: {error}")
@@ -439,12 +439,6 @@ class Tuner:
         sd, df = self.bench.noise("wall")
         return tstats.combine(parts, sd, df, self.s.confidence)
 
-    def _baseline(self) -> tstats.Interval | None:
-        placebo = self.bench.placebo
-        runs = ([r.figures["wall"] for p in placebo.pairs for r in (p.reference, p.arm)
-                 if "wall" in r.figures] if placebo else [])
-        return tstats.rate_interval(runs, self.s.confidence) if runs else None
-
     def _rejudge(self) -> None:
         """Judge the adoptions again with the session's final noise; revoke those whose
         lower bound no longer clears the floor (and those adopted on top of them)."""
@@ -481,7 +475,7 @@ class Tuner:
         return TuneResult(
             session_id=self.session, changes=dict(self.incumbent), records=self.records,
             trials=self.trials, wall_s=self._elapsed(), speedup=self.speed,
-            findings=self.findings, baseline=self._baseline(), evidence=self.evidence,
+            findings=self.findings, baseline=self.bench.placebo_rate(), evidence=self.evidence,
             noise=self.bench.noise_record("wall"))
 
     def _summary(self) -> dict[str, Any]:

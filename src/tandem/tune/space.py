@@ -44,10 +44,11 @@ class Candidate:
     """Config changes to try over the current plan, why, and what they should gain."""
 
     changes: dict[str, Any]
-    family: str  # batch, threads, cadence, data, comm, memory, compute, user
+    family: str  # batch, threads, cadence, data, comm, memory, compute, mixing, user
     reason: str
     control: str = ""  # non-empty: a bound, never adopted
     predicted: float | None = None  # predicted speed-up from the measurements, if any
+    figure: str = "wall"  # what its runs are judged by (mixing: time to the tasks' targets)
 
     @property
     def label(self) -> str:
@@ -192,17 +193,18 @@ def control_of(finding: Any) -> str:
 
 
 def acted_on() -> frozenset[str]:
-    """The finding kinds the tuner acts on (the performance ones)."""
+    """The finding kinds the tuner acts on (the performance ones, and a mixture's task
+    that stalls)."""
     from tandem.analyze.diagnosis.diagnose import PERFORMANCE_KINDS
 
-    return PERFORMANCE_KINDS | {"balanced"}
+    return PERFORMANCE_KINDS | {"balanced", "task-stalls"}
 
 
 def families_of(findings: Iterable[Any]) -> dict[str, Any]:
     """family -> the finding that names it, most severe first."""
     by_kind = {"input-bound": "data", "data-imbalance": "data", "communication-bound": "comm",
                "memory-bound": "memory", "compute-bound": "compute",
-               "pipeline-bubble": "pipeline"}
+               "pipeline-bubble": "pipeline", "task-stalls": "mixing"}
     out: dict[str, Any] = {}
     for f in findings:
         family = by_kind.get(f.kind)

@@ -39,7 +39,7 @@ from typing import Any
 
 from tandem.config.schema import _toml_value
 from tandem.forking.wire import FORKSERVER_ENV
-from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TIME_STEP
+from tandem.monitor.catalogue import LOSS, SAMPLES_PER_S, TASK_PREFIX, TIME_STEP
 from tandem.monitor.store import RunStore
 from tandem.status import RunStatus
 from tandem.tune import shim
@@ -72,6 +72,8 @@ class RunOutcome:
     error: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False  # the watcher ended the run early (a pruned trial)
+    # a mixture's figures per source (task/NAME/...): [(seconds since its first step, value)]
+    tasks: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def figures(self) -> dict[str, float]:
@@ -263,12 +265,26 @@ class TrialRunner:
             step_s = {m["step"]: m["value"] for m in store.metrics(rid, name=TIME_STEP,
                                                                    rank=-1)}
             losses = [(m["step"], m["value"]) for m in store.metrics(rid, name=LOSS, rank=-1)]
+            tasks = _tasks(store.metrics(rid, rank=-1), run.get("summary") or {})
         return RunOutcome(name, ok=run["status"] == RunStatus.COMPLETED, run_id=rid,
                           rates=[m["value"] for m in rate_rows if math.isfinite(m["value"])],
                           windows=windows_of(rate_rows, step_s), losses=losses,
-                          summary=run.get("summary") or {},
+                          summary=run.get("summary") or {}, tasks=tasks,
                           error="" if run["status"] == RunStatus.COMPLETED else
                           f"run status {run['status']}")
+
+
+def _tasks(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
+           ) -> dict[str, list[tuple[float, float]]]:
+    """A mixture's per-source rows by name, timed from the run's first step."""
+    started = summary.get("train_started_at")
+    out: dict[str, list[tuple[float, float]]] = {}
+    if not isinstance(started, int | float):
+        return out
+    for row in sorted(rows, key=lambda r: r["step"]):
+        if row["name"].startswith(TASK_PREFIX):
+            out.setdefault(row["name"], []).append((row["time"] - started, row["value"]))
+    return out
 
 
 @contextmanager

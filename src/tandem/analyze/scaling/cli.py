@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from tandem.analyze.scaling.inputs import run_figures
 from tandem.analyze.scaling.model import Prediction, RunFigures, background_threads, predict
-from tandem.monitor.store import store_location
+from tandem.monitor.store import add_store_argument, store_location
 
 
 def _sizes(text: str) -> list[int]:
@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m tandem.analyze.scaling.model",
         description="Predict a run's samples/s at other process counts on its machine.")
     parser.add_argument("run", help="run id, name or id prefix")
-    parser.add_argument("--store", default=None, help="run store (default: as `tandem runs`)")
+    add_store_argument(parser)
     parser.add_argument("--sizes", type=_sizes, default=[1, 2, 4],
                         help="process counts to predict (default 1,2,4)")
     parser.add_argument("--background", type=float, default=None,

@@ -14,7 +14,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tandem.monitor.store import RunStore, store_location
+from tandem.monitor.store import RunStore, add_store_argument, store_location
 from tandem.sched.service.jobstore import SchedStore
 from tandem.sched.service.measured import attempt_rates, read
 from tandem.sched.service.records import ACTIVE, Attempt, JobRecord
@@ -43,8 +43,7 @@ def add_arguments(sub: argparse._SubParsersAction) -> None:
 
 
 def _store(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", default=None,
-                        help="the run store (default: $TANDEM_STORE, else runs/tandem.db)")
+    add_store_argument(parser)
 
 
 def _existing(given: str | None) -> Path:

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tandem.monitor.store import store_location
+from tandem.monitor.store import add_store_argument, store_location
 from tandem.sched.policies.policy import Policy
 
 BACKENDS = ("local", "ray", "slurm")
@@ -27,8 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", dest="service_policy", default="goodput",
                         choices=("fifo", "goodput", "tiresias"),
                         help="scheduling policy (default: goodput)")
-    parser.add_argument("--store", default=None,
-                        help="the run store (default: $TANDEM_STORE, else runs/tandem.db)")
+    add_store_argument(parser)
     parser.add_argument("--interval", type=float, default=10.0,
                         help="seconds between decisions at most (default 10)")
     parser.add_argument("--poll", type=float, default=0.5,
