@@ -210,8 +210,8 @@ def test_bad_mixtures_are_refused_with_what_is_allowed(make, message) -> None:
         make()
 
 
-def _task_rows(curves: dict[str, list[float]]) -> list[dict]:
-    return [{"step": 10 * (i + 1), "rank": -1, "name": f"task/{source}/loss", "value": v,
+def _task_rows(curves: dict[str, list[float]], what: str = "loss") -> list[dict]:
+    return [{"step": 10 * (i + 1), "rank": -1, "name": f"task/{source}/{what}", "value": v,
              "time": float(i)} for source, values in curves.items()
             for i, v in enumerate(values)]
 
@@ -233,6 +233,16 @@ def test_the_diagnosis_names_a_task_whose_loss_stalls_or_rises_while_others_fall
                 if f.kind == "task-stalls"]
     assert not [f for f in diagnose(_task_rows({"a": falling[:5], "b": flat[:5]}))
                 if f.kind == "task-stalls"]
+    # A source starved to a few samples learns them by heart: its training loss falls
+    # with the others' while its evaluation loss rises; the evaluation names it.
+    rows = (_task_rows({"a": falling, "b": falling}) + _task_rows({"a": falling,
+            "b": rising}, "eval_loss") + _task_rows({"a": [0.99] * 10, "b": [0.01] * 10},
+                                                    "share"))
+    found = [f for f in diagnose(rows) if f.kind == "task-stalls"]
+    assert [(f.evidence["task"], f.evidence["figure"]) for f in found] == [
+        ("b", "evaluation loss")]
+    assert "its evaluation loss rose (+40%" in found[0].message
+    assert found[0].evidence["shares"] == {"a": 0.99, "b": 0.01}
 
 
 def test_data_mix_sets_the_shares_from_the_config_and_a_resume_guards_it(

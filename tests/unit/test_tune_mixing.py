@@ -114,16 +114,16 @@ def test_a_task_starved_by_its_weight_gets_the_share_that_reaches_every_target(
     tuner = _tune(tmp_path, runner, targets)
     stalled = [f for f in tuner.records[0].figures["findings"] if f["kind"] == "task-stalls"]
     assert [f["message"].split(":")[0] for f in stalled] == ["task 'b'"]
-    tried = _mixing(tuner)
-    assert set(tried) == {"a=0.9417,b=0.05825", "a=0.8899,b=0.1101", "a=1,b=1"}
-    # Independently: only equal shares reach both targets within the run; the others
-    # leave 'b' short of its target, as the current shares do.
-    assert steps_to_all(runner, {}, targets) == math.inf
-    reach = {mix: steps_to_all(runner, {"data.mix": mix}, targets) for mix in tried}
-    assert [m for m, s in reach.items() if s < math.inf] == ["a=1,b=1"]
-    assert tried["a=1,b=1"] == "adopted"
-    assert all(status != "adopted" for mix, status in tried.items() if mix != "a=1,b=1")
+    # The largest move first, adopted at once; with it 'b' learns, and nothing stalls.
+    assert _mixing(tuner) == {"a=1,b=1": "adopted"}
     assert tuner.incumbent == {"data.mix": "a=1,b=1"}
+    # Independently: of the family's moves (equal shares, b's weight x4, x2) only equal
+    # shares reach both targets within the run; the others leave 'b' short of its
+    # target, as the current shares do.
+    assert steps_to_all(runner, {}, targets) == math.inf
+    moves = ["a=1,b=1", "a=0.8899,b=0.1101", "a=0.9417,b=0.05825"]
+    reach = {mix: steps_to_all(runner, {"data.mix": mix}, targets) for mix in moves}
+    assert [m for m, s in reach.items() if s < math.inf] == ["a=1,b=1"]
     adopted = next(r for r in tuner.records if r.status == "adopted")
     assert adopted.figures["figure"] == TASKS and adopted.figures["ratio"]["low"] > 1.5
     assert "to every task's target" in adopted.decision
@@ -136,8 +136,9 @@ def test_a_plan_faster_in_samples_but_later_to_one_target_loses(tmp_path: Path) 
                        {"a": 0.8, "b": 0.2}, {("data.mix", "a=1,b=1"): 1.3})
     targets = {"a": 0.1, "b": 0.1}
     tuner = _tune(tmp_path, runner, targets)
-    tried = _mixing(tuner)
-    assert "a=1,b=1" in tried and not any(s == "adopted" for s in tried.values())
+    tried = _mixing(tuner)  # equal shares, b's weight x4 and x2: each later to 'a'
+    assert set(tried) == {"a=1,b=1", "a=0.5,b=0.5", "a=0.6667,b=0.3333"}
+    assert not any(s == "adopted" for s in tried.values())
     assert tuner.incumbent == {}
     base_steps = steps_to_all(runner, {}, targets)
     equal = next(a for a in tuner.bench.arms if a.changes.get("data.mix") == "a=1,b=1")

@@ -3,16 +3,17 @@ others learn (`task-stalls`), other shares of the mixture are tried (`data.mix`)
 judged by the time until every task has reached its target.
 
 Remedies, from the shares the run measured (`task/NAME/share`, in the finding's
-evidence): the stalled task's weight x2 and x4 (the others' kept), equal shares when
-its share is below an equal one, and with a temperature mixture a temperature twice as
-high (flatter). Each is a candidate of figure TASKS: a run's figure is 1 / the seconds
-of training (from its first step) until the last task met its target at an evaluation,
-so a plan that reaches one task's target sooner but another's later than the plan it
-replaces reaches *every* target later, and loses; a task whose target the run never
-met counts PENALTY x the run's training time (a miss is worse than any hit in a run as
-long). The runs are paired and judged like every other arm (`arms.py`): the placebo's
-runs give the figure's noise too. A change of shares changes what the loss averages, so
-the loss guardrail does not apply: reaching the targets is the convergence check.
+evidence), the largest move first: equal shares and, with a temperature mixture, a
+temperature twice as high (flatter), when the task's share is below an equal one; then
+its weight x4 and x2 (the others' kept). Each is a candidate of figure TASKS: a run's
+figure is 1 / the seconds of training (from its first step) until the last task met its
+target at an evaluation, so a plan that reaches one task's target sooner but another's
+later than the plan it replaces reaches *every* target later, and loses; a task whose
+target the run never met counts PENALTY x the run's training time (a miss is worse than
+any hit in a run as long). The runs are paired and judged like every other arm
+(`arms.py`): the placebo's runs give the figure's noise too. A change of shares changes
+what the loss averages, so the loss guardrail does not apply: reaching the targets is
+the convergence check.
 
 Targets: `--task-target 'task/NAME/METRIC>=V'` (or <=), one or more; without them, each
 task's evaluation loss where the baseline run ended (`task/NAME/eval_loss<=last`), so a
@@ -34,7 +35,7 @@ from tandem.tune.hparams import PENALTY
 from tandem.tune.space import Candidate
 from tandem.tune.trial import RunOutcome
 
-FACTORS = (2.0, 4.0)  # the stalled task's weight times these
+FACTORS = (4.0, 2.0)  # the stalled task's weight times these
 Target = tuple[str, str, float]
 
 
@@ -96,15 +97,15 @@ def remedies(finding: Any, base: Mapping[str, Any], reason: str) -> list[Candida
         return []
     own = shares[task]
     plans: list[str] = []
-    for factor in FACTORS:
-        total = own * factor + (1 - own)
-        plans.append(_mix_text({n: (s * factor if n == task else s) / total
-                                for n, s in shares.items()}))
     current = str(base.get("data.mix") or "")
-    if own < 1 / len(shares):
+    if own < 1 / len(shares):  # the largest move first: a starved task shows at once
         plans.append(_mix_text(dict.fromkeys(shares, 1.0)))
         temperature = parse_mix(current)[1] if current else None
         if temperature is not None:
             plans.append(f"temperature={2 * temperature:g}")
+    for factor in FACTORS:
+        total = own * factor + (1 - own)
+        plans.append(_mix_text({n: (s * factor if n == task else s) / total
+                                for n, s in shares.items()}))
     return [Candidate({"data.mix": text}, "mixing", reason, figure=TASKS)
             for text in dict.fromkeys(plans) if text != current]

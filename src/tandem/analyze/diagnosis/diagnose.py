@@ -42,10 +42,11 @@ pipeline-bubble        ``pp/bubble`` (the stages' mean idle share) > BUBBLE_SHAR
                        at the stages' measured costs (`find_pipeline.py`)
 batch-scaling          ``grad_noise_scale`` was measured: what doubling the global
                        batch would save in steps (`find_scale.py`)
-task-stalls            a mixture's source whose ``task/NAME/loss`` fell by less than
-                       TASK_STALL (2%) or rose from the first third of at least
-                       TASK_MIN_WINDOWS (6) windows to the last, while another's fell
-                       by at least TASK_FALL (10%) (`find_tasks.py`)
+task-stalls            a mixture's source whose ``task/NAME/eval_loss`` (else
+                       ``task/NAME/loss``) fell by less than TASK_STALL (2%) or rose
+                       from the first third of at least TASK_MIN_WINDOWS (6) points to
+                       the last, while another's fell by at least TASK_FALL (10%)
+                       (`find_tasks.py`)
 =====================  ==========================================================
 
 Severity is "high" when a share is at least twice its threshold (or on any non-finite
