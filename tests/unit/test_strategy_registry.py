@@ -57,8 +57,10 @@ def test_pipeline_stages_combine_with_replicas_or_shards() -> None:
     with pytest.raises(ValueError, match="'localsgd' does not compose with them here: use "
                                          "'auto', 'ddp' or 'fsdp'"):
         validate(_config(strategy="localsgd", pp=2))
-    with pytest.raises(ValueError, match="pipeline and tensor parallelism do not compose"):
-        validate(_config(strategy="ddp", pp=2, tp=2))
+    for strategy in ("auto", "ddp", "fsdp"):  # and with tensor parallelism
+        validate(_config(strategy=strategy, pp=2, tp=2))
+    with pytest.raises(ValueError, match="'diloco' does not compose with them here"):
+        validate(_config(strategy="diloco", pp=2, tp=2))
 
 
 def test_the_search_space_uses_the_registry() -> None:

@@ -205,7 +205,8 @@ def validate(config: Config) -> Config:
                          f"{config.optim.momentum_max}: need 0 <= min <= max < 1")
     if (mb := config.plan.malloc_threshold_mb) > 32:
         raise ValueError(f"plan.malloc_threshold_mb: {mb} is above glibc's limit of 32 (MiB)")
-    if config.plan.tp > 1 and config.plan.strategy not in strategies.names("takes_tp"):
+    if (config.plan.tp > 1 and config.plan.pp == 1
+            and config.plan.strategy not in strategies.names("takes_tp")):
         raise ValueError(f"plan.tp: {config.plan.tp} combines tensor parallelism with plain "
                          f"data parallelism; plan.strategy {config.plan.strategy!r} does not "
                          "compose with it here: use "
@@ -234,17 +235,18 @@ def _check_distill(config: Config) -> None:
     if not 0 <= train.distill_ratio <= 1:
         raise ValueError(f"train.distill_ratio: {train.distill_ratio!r} is out of range; "
                          "expected a number in [0, 1]")
+    if not train.distill_cache_mb >= 0:
+        raise ValueError(f"train.distill_cache_mb: {train.distill_cache_mb!r} is out of "
+                         "range; expected a number >= 0 (0: off)")
 
 
 def _check_pipeline(config: Config) -> None:
     plan = config.plan
     if plan.strategy not in ("auto", "ddp", "fsdp"):
         raise ValueError(f"plan.pp: {plan.pp} pipeline stages combine with data-parallel "
-                         f"replicas or shards only; plan.strategy {plan.strategy!r} does not "
-                         "compose with them here: use 'auto', 'ddp' or 'fsdp'")
-    if plan.tp > 1:
-        raise ValueError(f"plan.pp: {plan.pp} with plan.tp {plan.tp}: pipeline and tensor "
-                         "parallelism do not compose here yet; use one of them")
+                         f"replicas or shards (and plan.tp) only; plan.strategy "
+                         f"{plan.strategy!r} does not compose with them here: use 'auto', "
+                         "'ddp' or 'fsdp'")
     if config.precision.mode == "fp16":
         raise ValueError("plan.pp: precision.mode 'fp16' needs one loss scale agreed by "
                          "every stage, which the pipeline does not do; use 'bf16' or 'fp32'")
@@ -293,9 +295,12 @@ def _check_low_communication(config: Config) -> None:
 
 
 def _check_async(config: Config) -> None:
-    if config.train.batch_ramp:
-        raise ValueError("train.batch_ramp: plan.strategy 'async' gives out the shares of "
-                         "equal global batches to whichever worker is free; leave it empty")
+    for name, value in (("batch_ramp", config.train.batch_ramp),
+                        ("seq_ramp", config.train.seq_ramp)):
+        if value:
+            raise ValueError(f"train.{name}: plan.strategy 'async' gives out the shares of "
+                             "equal global batches to whichever worker is free; leave it "
+                             "empty")
     if config.fault.spike == "rollback":
         raise ValueError("fault.spike: 'rollback' needs the workers to agree on one step, "
                          "which plan.strategy 'async' avoids; use 'warn'")

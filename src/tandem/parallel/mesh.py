@@ -4,8 +4,8 @@ The mesh's axes, outermost first, are pipeline stages (`pp`), data-parallel repl
 (`dp_replicate`: each holds whole weights, DDP), data-parallel shards (`dp_shard`: the
 weights split over them, FSDP) and tensor-parallel peers (`tp`). A rank's data-parallel
 index counts over both data axes: the data it reads depends on it only. Pipeline
-stages combine with data-parallel replicas or shards (a (pp, dp) mesh), not yet with
-tensor parallelism.
+stages combine with data-parallel replicas or shards and with tensor parallelism (a
+(pp, dp) or (pp, dp, tp) mesh).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class Layout:
 
     sizes: tuple[int, int, int, int]  # processes along each of AXES
     coords: tuple[int, int, int, int]  # this rank's index along each of AXES
-    mesh: DeviceMesh | None = None  # the (dp, tp) or (pp, dp) mesh; None when both are 1
+    mesh: DeviceMesh | None = None  # (dp, tp), (pp, dp) or (pp, dp, tp); None when pp = tp = 1
 
     def size(self, axis: str) -> int:
         """Processes along `axis` (one of AXES)."""
@@ -83,24 +83,24 @@ def coords_of(rank: int, sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 def layout(tp: int, rank: int, world_size: int, device: torch.device,
            shard: bool = False, pp: int = 1) -> Layout:
-    """The layout of `world_size` ranks with `tp` tensor-parallel peers per replica (or
-    `pp` pipeline stages); the data-parallel processes are shards of the weights (`shard`,
-    FSDP) or replicas (of each stage, under a pipeline). Builds the device mesh when tp > 1
-    or pp > 1."""
-    if pp > 1:
-        if tp > 1:
-            raise ValueError(f"plan.pp: {pp} pipeline stages do not combine with plan.tp "
-                             f"{tp} here; use one of them")
-        if world_size % pp:
-            raise ValueError(f"plan.pp: {pp} does not divide the {world_size} processes; "
-                             f"use a divisor of {world_size}")
-        dp = world_size // pp
-        mesh = init_device_mesh(device.type, (pp, dp), mesh_dim_names=("pp", "dp"))
-        sizes, coords = ((pp, 1, dp, 1), (rank // dp, 0, rank % dp, 0)) if shard else (
-            (pp, dp, 1, 1), (rank // dp, rank % dp, 0, 0))
-        return Layout(sizes=sizes, coords=coords, mesh=mesh)
+    """The layout of `world_size` ranks in `pp` pipeline stages of `tp` tensor-parallel
+    peers each; the data-parallel processes are shards of the weights (`shard`, FSDP) or
+    replicas (of each stage, under a pipeline). Builds the device mesh when tp > 1 or
+    pp > 1."""
     if tp < 1:
         raise ValueError(f"plan.tp: {tp} must be >= 1")
+    if pp > 1:
+        if world_size % (pp * tp):
+            raise ValueError(f"plan.pp x plan.tp: {pp} x {tp} does not divide the {world_size} "
+                             f"processes; use stages x tensor-parallel peers dividing "
+                             f"{world_size}")
+        dp = world_size // (pp * tp)
+        # (pp, dp) or (pp, dp, tp): every sub-group made by the mesh, on every rank, in one
+        # order, as NCCL needs.
+        shape, names = ((pp, dp, tp), ("pp", "dp", "tp")) if tp > 1 else ((pp, dp), ("pp", "dp"))
+        mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+        sizes = (pp, 1, dp, tp) if shard else (pp, dp, 1, tp)
+        return Layout(sizes=sizes, coords=coords_of(rank, sizes), mesh=mesh)
     if world_size % tp:
         raise ValueError(f"plan.tp: {tp} does not divide the {world_size} processes; use a "
                          f"divisor of {world_size} (each data-parallel replica is split over "

@@ -12,22 +12,31 @@ averaged over the replicas and tied parameters (an embedding shared with the hea
 summed over the stages that hold them; the gradient norm is taken over the whole model.
 The rest of the model (which other stages train) is fetched from its stages only to run
 the whole model: the preflight check, evaluation and the exported module.
+
+With tensor parallelism (plan.tp > 1, a (pp, dp, tp) mesh) the task's named layers are
+split over each stage's tensor-parallel peers before the model is cut into stages: a
+stage's peers run it together, and hand the next stage's peers (the same tp index) the
+replicated activations. A peer's stage gradients are its own shards (split layers) or
+whole copies (the rest), so the gradient norm counts a copy on the first peer only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from tandem.monitor.catalogue import PP_BACKWARD_S, PP_BUBBLE, PP_BUBBLE_PREDICTED, PP_FORWARD_S
 from tandem.parallel import bubble, schedules
+from tandem.parallel.fsdp import gather
 from tandem.parallel.registry import PP, StrategyInfo
 from tandem.parallel.stages import auto_split, parse_split, shell
 from tandem.parallel.strategy import (
@@ -40,6 +49,7 @@ from tandem.parallel.strategy import (
     fresh_copy,
     plain_backward,
 )
+from tandem.parallel.tensor import local, mixed_ops, split_layers, tp_sharded
 
 log = logging.getLogger("tandem")
 
@@ -89,6 +99,7 @@ class PipelineStrategy(Strategy):
         self.split: list[list[str]] = []
         self.schedule: Any = None
         self.micro = 0  # micro-batches the schedule was built for
+        self.inferring = False  # the next loss is the new schedule's shape inference
         self.shapes: tuple = ()  # and the shapes of their inputs
         self.autocast: torch.dtype | None = None
         self.mode = ""  # "capture" (the model's arguments) or "feed" (the last stage's output)
@@ -101,6 +112,12 @@ class PipelineStrategy(Strategy):
         self.phases = {"forward": 0.0, "backward": 0.0}  # for the step's phase clock
 
     # ------------------------------------------------------------ building
+    def _split(self, model: nn.Module, tensor_plan: Mapping[str, str] | None) -> nn.Module:
+        """With plan.tp > 1, split the task's named layers over the tensor-parallel peers
+        (the stages are cut from the split model)."""
+        return model if self.layout.tp_size == 1 else split_layers(model, tensor_plan,
+                                                                    self.layout)
+
     @property
     def pp_group(self) -> dist.ProcessGroup:
         """The pipeline's ranks (one per pp index, this rank's dp index)."""
@@ -152,6 +169,7 @@ class PipelineStrategy(Strategy):
         multi = schedules.SCHEDULES[name].multi
         self.schedule = cls(stages, **kwargs) if multi else cls(stages[0], **kwargs)
         self.stages, self.micro = stages, micro
+        self.inferring = self.stage_count - 1 in self.mine
 
     def _add(self, kind: str, seconds: float) -> None:
         self.times[kind] += seconds
@@ -200,6 +218,14 @@ class PipelineStrategy(Strategy):
         """The schedule's loss on the last stage: the task's loss of the stage's output on
         micro-batch `index` (the schedule takes tensors as targets, not batches)."""
         assert self.loss_of is not None
+        if self.inferring:
+            # A new schedule's first step infers the gradients' shapes from a loss of the
+            # last stage's output: any scalar of it will do. The task's loss runs once per
+            # micro-batch trained, as in one process (a loss that counts what it saw).
+            self.inferring = False
+            return sum((t.sum() for t in tree_leaves(output) if isinstance(t, torch.Tensor)
+                        and t.is_floating_point()),
+                       torch.zeros((), device=self.runtime.device)) * 0.0
         self.mode, self.fed = "feed", output
         started = time.perf_counter()
         try:
@@ -239,8 +265,7 @@ class PipelineStrategy(Strategy):
                 return_outputs=False)
         self.times["step"] += time.perf_counter() - started
         self.times["steps"] += 1
-        # The first step's metadata inference also calls the loss (on made-up values).
-        total = (torch.stack(self.losses[-self.micro:]).sum() if last
+        total = (torch.stack(self.losses).sum() if last
                  else torch.zeros((), device=self.runtime.device))
         dist.all_reduce(total, group=self.pp_group)
         self.stale = True
@@ -272,7 +297,7 @@ class PipelineStrategy(Strategy):
             return
         from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-        grads = [p.grad for p in params]
+        grads = [local(p.grad) for p in params]
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat, group=self.layout.dp_group)
         flat /= self.layout.dp_size
@@ -281,26 +306,25 @@ class PipelineStrategy(Strategy):
 
     @staticmethod
     def _local(tensor: torch.Tensor) -> torch.Tensor:
-        """The part of `tensor` this rank holds (all of it: stages are replicated)."""
-        return tensor
+        """The part of `tensor` this rank holds (its tensor-parallel or FSDP2 shard)."""
+        return local(tensor)
 
     def _no_grad(self, param: nn.Parameter) -> torch.Tensor:
         """Zeros in place of this rank's part of the gradient of a parameter it does not
         train (a tied weight whose stages are elsewhere)."""
         return torch.zeros_like(param)
 
-    @property
-    def _norm_group(self) -> dist.ProcessGroup | None:
-        """The ranks whose gradients together make the whole model's once (one replica's
-        pipeline)."""
-        return self.pp_group
+    def _first_copy(self) -> bool:
+        """Whether this rank's stage gradients count in the norm: the first replica's
+        (the replicas hold equal ones after averaging)."""
+        return self.layout.dp_rank == 0
 
     def grad_norm(self, params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
         """The whole model's gradient norm (each tied parameter counted once); clip."""
         counted = [p for p in params if p.grad is not None and self._counts(p)]
         sq = sum((self._local(p.grad.detach()).float().pow(2).sum() for p in counted),
                  torch.zeros((), device=self.runtime.device))
-        dist.all_reduce(sq, group=self._norm_group)
+        dist.all_reduce(sq)  # every rank: its counted parts make the whole model's once
         norm = sq.sqrt()
         if max_norm > 0:
             coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -310,6 +334,11 @@ class PipelineStrategy(Strategy):
         return norm
 
     def _counts(self, param: torch.nn.Parameter) -> bool:
+        """Whether this rank counts `param`'s gradient in the norm: the first copy over
+        the replicas, the tensor-parallel peers (unless split over them) and the stages
+        holding a tied weight."""
+        if not self._first_copy() or (self.layout.tp_rank and not tp_sharded(param)):
+            return False
         for fqns, p in self.aliases:
             if p is param:
                 return min(self._owner(f) for f in fqns) == self.pp_rank
@@ -340,7 +369,9 @@ class PipelineStrategy(Strategy):
             owner = self._owner(fqn)
             if owner == self.pp_rank:
                 self._fill(fqn, tensor)
-            dist.broadcast(tensor.data, src=dist.get_global_rank(group, owner), group=group)
+            # Under plan.tp a peer's own shard: its peers of the other stages share its index.
+            dist.broadcast(local(tensor.data), src=dist.get_global_rank(group, owner),
+                           group=group)
         self.stale = False
 
     def _fill(self, fqn: str, tensor: torch.Tensor) -> None:
@@ -379,11 +410,18 @@ class PipelineStrategy(Strategy):
         """The whole model with every stage's weights, in a fresh plain module."""
         self._refresh()
         assert self.full is not None
+        if self.layout.tp_size > 1:  # the split layers' shards gathered
+            return gather(self.full, build().to(self.runtime.device))
         return fresh_copy(build, self.full, self.runtime.device)
+
+    def optimizer_context(self) -> contextlib.AbstractContextManager[None]:
+        """Under plan.tp, split (DTensor) and whole parameters meet in one optimizer."""
+        return mixed_ops() if self.layout.tp_size > 1 else super().optimizer_context()
 
     def describe(self) -> dict[str, object]:
         """Plan entries for the run record."""
-        return {"strategy": self.name, "pp": self.pp, "pp_schedule": self.plan.pp_schedule,
+        return {"strategy": self.name, "pp": self.pp, "tp": self.layout.tp_size,
+                "pp_schedule": self.plan.pp_schedule,
                 "pp_virtual": self.plan.pp_virtual, "pp_stages": self.mine,
                 "pp_split": [",".join(s) for s in self.split]}
 

@@ -12,7 +12,9 @@ reshards checkpoints between this layout and any other. Tied weights on two proc
 have their gradient shards summed over the stages; on one process (a V-shaped schedule
 puts the first and last stages together) both stages' FSDP2 units hold the one sharded
 parameter, and each adds its reduce-scattered part to its gradient. The gradient norm
-sums every rank's shard of every stage once.
+sums every rank's shard of every stage once. Under plan.tp the layers the task names are
+split over the tensor-parallel peers first (`PipelineStrategy._split`), and FSDP2 shards
+those DTensors further over the data ranks (a (dp, tp) DTensor, as torchtitan does).
 
 The whole model, run only for the preflight check, evaluation and the exported module,
 is a plain copy that every stage's shards are gathered into on use; the model whose
@@ -26,13 +28,13 @@ import copy
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from tandem.parallel.fsdp import DTYPES
 from tandem.parallel.pipeline import PipelineStrategy, _aliases
 from tandem.parallel.registry import PP_FSDP, StrategyInfo
 from tandem.parallel.stages import units
+from tandem.parallel.tensor import local
 
 
 class PipelineFSDPStrategy(PipelineStrategy):
@@ -85,13 +87,6 @@ class PipelineFSDPStrategy(PipelineStrategy):
     def _average_replicas(self, params: list[nn.Parameter]) -> None:
         """Nothing: the schedule's last backward reduce-scattered the shards' mean."""
 
-    @staticmethod
-    def _local(tensor: torch.Tensor) -> torch.Tensor:
-        """This rank's shard of a sharded tensor (it shares its storage)."""
-        from torch.distributed.tensor import DTensor
-
-        return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
     def _no_grad(self, param: nn.Parameter) -> torch.Tensor:
         """Zeros of the shape of this rank's shard (FSDP2 cuts dim 0 as torch.chunk does,
         the ranks past the last chunk holding none)."""
@@ -100,17 +95,21 @@ class PipelineFSDPStrategy(PipelineStrategy):
         return torch.zeros((rows, *param.shape[1:]), dtype=param.dtype,
                            device=self.runtime.device)
 
-    @property
-    def _norm_group(self) -> dist.ProcessGroup | None:
+    def _first_copy(self) -> bool:
         """Every rank: each holds a shard of a stage that no other rank holds."""
-        return None
+        return True
 
     def _fill(self, fqn: str, tensor: torch.Tensor) -> None:
-        """Gather this stage's shards of `fqn` (its data-parallel ranks, all at once)."""
-        from torch.distributed.tensor import DTensor
+        """Gather this stage's shards of `fqn` (its data-parallel ranks, all at once); a
+        layer split over the tensor-parallel peers keeps this peer's part of it."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
 
         live = self.live[fqn].detach()
-        tensor.data.copy_(live.full_tensor() if isinstance(live, DTensor) else live)
+        value = live.full_tensor() if isinstance(live, DTensor) else live
+        if isinstance(tensor, DTensor):  # cut locally: every peer has the whole value
+            value = distribute_tensor(value, tensor.device_mesh, tensor.placements,
+                                      src_data_rank=None).to_local()
+        local(tensor.data).copy_(value)
 
     def weights_replaced(self) -> None:
         """Drop any gathered stage parameters; fetch the other stages' weights again."""

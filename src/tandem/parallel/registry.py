@@ -95,12 +95,14 @@ TP = StrategyInfo(
     exact=True)
 PP = StrategyInfo(
     name="pp", path="tandem.parallel.pipeline:PipelineStrategy",
-    summary="pipeline stages x data-parallel replicas, chosen by plan.pp > 1",
+    summary="pipeline stages x data-parallel replicas (x tensor-parallel peers with "
+    "plan.tp > 1), chosen by plan.pp > 1",
     choosable=False, exact=True)
 PP_FSDP = StrategyInfo(
     name="pp_fsdp", path="tandem.parallel.pipeline_fsdp:PipelineFSDPStrategy",
-    summary="pipeline stages x FSDP2 shards of each stage, chosen by plan.pp > 1 with "
-    "plan.strategy fsdp", choosable=False, exact=True)
+    summary="pipeline stages x FSDP2 shards of each stage (x tensor-parallel peers with "
+    "plan.tp > 1), chosen by plan.pp > 1 with plan.strategy fsdp", choosable=False,
+    exact=True)
 
 REGISTRY: dict[str, StrategyInfo] = {
     s.name: s for s in (AUTO, SINGLE, DDP, FSDP, LOCALSGD, DILOCO, STREAMING_DILOCO, ASYNC, TP,

@@ -76,6 +76,29 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh) -> 
     return parallelize_module(model, mesh, styles)
 
 
+def split_layers(model: nn.Module, tensor_plan: Mapping[str, str] | None,
+                 place: Layout) -> nn.Module:
+    """`parallelize` the task's named layers over `place`'s tensor-parallel sub-mesh."""
+    if place.tp_mesh is None:
+        raise ValueError("plan.tp > 1 needs a layout of the ranks with a tp axis")
+    if not tensor_plan:
+        raise ValueError(f"plan.tp: {place.tp_size} needs the task to name the layers to "
+                         "split (Task.tensor_parallel = {'blocks.*.mlp.fc': 'colwise', "
+                         "...})")
+    return parallelize(model, tensor_plan, place.tp_mesh)
+
+
+def tp_sharded(tensor: torch.Tensor) -> bool:
+    """Whether `tensor` is split over the tensor-parallel peers (else each holds all of
+    it, or a data-parallel shard of all of it)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(tensor, DTensor):
+        return False
+    names = tensor.device_mesh.mesh_dim_names or ()
+    return "tp" in names and tensor.placements[names.index("tp")].is_shard()
+
+
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """The part of `tensor` this rank holds."""
     from torch.distributed.tensor import DTensor
@@ -139,13 +162,7 @@ class TensorParallelStrategy(Strategy):
     sync: GradientSync | None = None
 
     def _split(self, model: nn.Module, tensor_plan: Mapping[str, str] | None) -> nn.Module:
-        if self.layout.tp_mesh is None:
-            raise ValueError("plan.tp > 1 needs the (dp, tp) layout of the ranks")
-        if not tensor_plan:
-            raise ValueError(f"plan.tp: {self.plan.tp} needs the task to name the layers to "
-                             "split (Task.tensor_parallel = {'blocks.*.mlp.fc': 'colwise', "
-                             "...})")
-        return parallelize(model, tensor_plan, self.layout.tp_mesh)
+        return split_layers(model, tensor_plan, self.layout)
 
     def _wrap(self, model: nn.Module) -> nn.Module:
         params = [p for p in model.parameters() if p.requires_grad]
