@@ -61,3 +61,11 @@ def test_the_run_length_follows_the_budget_within_bounds() -> None:
 def test_a_bad_step_time_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="seconds_per_step"):
         runsize.size(bad, 10.0)
+
+
+def test_a_very_slow_step_still_gets_a_run_of_about_run_seconds() -> None:
+    # 2.5 s a step (a job oversubscribing the cores under load): ceil(10 / 2.5) = 4
+    # steps, one window each (the first is warm-up), not a floor three times longer
+    sized = runsize.size(2.5, 10.0)
+    assert (sized.steps, sized.log_every) == (4, 1)
+    assert runsize.size(20.0, 10.0).steps == runsize.MIN_STEPS == 4

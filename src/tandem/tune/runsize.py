@@ -8,7 +8,8 @@ budget on each run of its baseline and placebo, and leaves nothing for candidate
   run length and at least PROBE_WINDOWS windows (`probe_done`); its seconds per step
   (`wall_per_step`, logging and evaluation pauses included) size every later run.
 * **Every later run** of a plan gets `size(seconds_per_step, run_s)`: enough steps to
-  fill run_s seconds, at least MIN_STEPS (a steady state needs some), in WINDOWS
+  fill run_s seconds, at least MIN_STEPS (a first window of warm-up and three measured
+  ones: a floor of 12 made a 2.5-s step's runs three times run_s), in WINDOWS
   logging windows. The seconds per step are the plan's own when it has been the
   session's current plan (`Pace`: the original plan's placebo runs after an adoption
   keep the original's pace; a 10x faster adoption would make them 10 times too long),
@@ -30,7 +31,7 @@ from tandem.tune.stats import WindowFigure
 
 PROBE_STEPS = 100_000  # the probe is stopped long before
 PROBE_WINDOWS = 4
-MIN_STEPS = 12
+MIN_STEPS = 4
 WINDOWS = 6
 MAX_STRETCH = 4.0
 RUNS_PER_BUDGET = 30
