@@ -2,7 +2,8 @@
 asynchronous updates against synchronous DDP and blocking DiLoCo.
 
     python benchmarks/straggler.py [--seeds 5] [--steps 150] [--target accuracy>=0.9]
-        [--staleness 2] [--sync-every 4] [--slow-rank 3] [--slow-s S] [--out DIR]
+        [--staleness 2] [--sync-every 4] [--outer-momentum 0.9] [--plans async ddp diloco]
+        [--slow-rank 3] [--slow-s S] [--out DIR]
     python benchmarks/straggler.py --exchange      # the exchange's channels, timed alone
 
 Each plan trains the demo's recipe (`examples/mnist1d_cnn.py`: global batch 128, Muon,
@@ -46,7 +47,8 @@ def run(out: Path, name: str, plan: str, seed: int, args: argparse.Namespace,
              "--train.steps", str(args.steps), "--train.eval_every", "10",
              "--train.target", args.target, "--monitor.calibrate_at", "0",
              "--plan.strategy", plan, "--plan.sync_every", str(args.sync_every),
-             "--plan.staleness", str(args.staleness)]
+             "--plan.staleness", str(args.staleness),
+             "--plan.outer_momentum", str(args.outer_momentum)]
     extra = {}
     if slow_s > 0:
         extra["TANDEM_FAULTS"] = json.dumps([{"rank": args.slow_rank, "step": 0,
@@ -97,11 +99,12 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(kept):.2f} [{kept[0]:.2f}, {kept[-1]:.2f}]"
 
 
-def report(results: dict[tuple[str, int], dict[str, float]], seeds: list[int]) -> str:
+def report(results: dict[tuple[str, int], dict[str, float]], seeds: list[int],
+           plans: list[str]) -> str:
     """Per plan: seeds that reached the target, median time to it, x sooner than async's
     per seed, final accuracy (mean, and its difference from async's per seed)."""
     rows = []
-    for plan in PLANS:
+    for plan in plans:
         times = [results[(plan, s)]["to_target_s"] for s in seeds]
         acc = [results[(plan, s)]["accuracy"] * 100 for s in seeds]
         over = [t / results[("async", s)]["to_target_s"] for t, s in zip(times, seeds,
@@ -125,6 +128,9 @@ def main() -> int:
     parser.add_argument("--target", default="accuracy>=0.9")
     parser.add_argument("--staleness", type=int, default=2)
     parser.add_argument("--sync-every", type=int, default=4)
+    parser.add_argument("--outer-momentum", type=float, default=0.9,
+                        help="plan.outer_momentum of async and diloco")
+    parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
     parser.add_argument("--slow-rank", type=int, default=3)
     parser.add_argument("--slow-s", type=float, default=0.0,
                         help="seconds the slowed worker sleeps a step (0: DDP's step time)")
@@ -133,6 +139,8 @@ def main() -> int:
                         help="only time the exchange's channels (the demo's model size, and "
                         "1 M values)")
     args = parser.parse_args()
+    if "async" not in args.plans:
+        parser.error("--plans: the ratios are against async's runs; include async")
     if args.exchange:
         sys.path.insert(0, str(ROOT))
         from tests.dist.procs import run_ranks
@@ -153,7 +161,8 @@ def main() -> int:
     seeds = list(range(args.seeds))
     results: dict[tuple[str, int], dict[str, float]] = {}
     for seed in seeds:
-        order = PLANS[seed % 3:] + PLANS[:seed % 3]
+        plans = [p for p in PLANS if p in args.plans]
+        order = plans[seed % len(plans):] + plans[:seed % len(plans)]
         for plan in order:
             results[(plan, seed)] = got = run(out, f"{plan}-s{seed}", plan, seed, args, slow_s)
             print(f"seed {seed} {plan}: {got}", flush=True)
@@ -161,7 +170,7 @@ def main() -> int:
           f"{args.slow_rank} sleeps {slow_s:.3f} s a step, async s={args.staleness}, "
           f"H={args.sync_every}; total {time.perf_counter() - began:.0f} s; load now "
           f"{os.getloadavg()}\n")
-    print(report(results, seeds))
+    print(report(results, seeds, [p for p in PLANS if p in args.plans]))
     return 0
 
 
