@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import statistics
 import sys
@@ -67,13 +68,19 @@ EXAMPLES = {
 
 def figure_of(ex: Example, work: Path, name: str, seed: int,
               student: Callable[[], torch.nn.Module], extra: list[str]) -> float:
-    """Train one run of the recipe; its final evaluation's figure."""
+    """Train one run of the recipe; its final evaluation's figure (its median step time
+    goes to `STEP_S`)."""
     recipe = {**ex.recipe, "train.target": "", "train.eval_every": 0}
     flags = ["--run.dir", str(work), "--run.name", name, "--run.seed", str(seed),
              "--monitor.progress", "off", "--monitor.report", "false", *extra]
     config = load(overrides=parse_args(flags).overrides, defaults=recipe)
     task = dataclasses.replace(ex.task, model=student, teacher=ex.teacher)
-    return float(tandem.fit(task, config=config).summary[ex.metric])
+    summary = tandem.fit(task, config=config).summary
+    STEP_S.setdefault(name.split("-")[0], []).append(float(summary["step_time_p50_s"]))
+    return float(summary[ex.metric])
+
+
+STEP_S: dict[str, list[float]] = {}
 
 
 def one_sided_p(values: list[float], above: float) -> float:
@@ -94,8 +101,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None,
                         help="the students' steps (default: 600 for MNIST-1D, 100 for "
                              "char-LM; the teacher's: the example's recipe)")
+    parser.add_argument("--teacher-steps", type=int, default=None,
+                        help="the teacher's steps (default: the example's recipe)")
+    parser.add_argument("--teacher", default=None,
+                        help="a run directory of the example's model trained already")
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--ratio", type=float, default=0.5)
+    parser.add_argument("--cache-mb", type=float, default=0.0,
+                        help="train.distill_cache_mb of the distilled runs")
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
     ns = parser.parse_args()
     ex = EXAMPLES[ns.task]
@@ -103,13 +116,20 @@ def main() -> None:
     torch.set_num_threads(1)
     work = Path(ns.dir or tempfile.mkdtemp(prefix="tandem-distill-"))
     started = time.perf_counter()
-    teacher = figure_of(ex, work, "teacher", 0, ex.teacher,
-                        ["--checkpoint.at_end", "true", "--train.distill_ratio", "0"])
+    longer = ["--train.steps", str(ns.teacher_steps)] if ns.teacher_steps else []
+    source = Path(ns.teacher) if ns.teacher else work / "teacher"
+    if ns.teacher:  # trained already: its own final evaluation
+        teacher = float(json.loads((source / "summary.json").read_text())[ex.metric])
+    else:
+        teacher = figure_of(ex, work, "teacher", 0, ex.teacher,
+                            ["--checkpoint.at_end", "true", "--train.distill_ratio", "0",
+                             *longer])
     print(f"{ns.task} teacher: {ex.metric} {teacher:.4f}", flush=True)
     student = ["--checkpoint.at_end", "false", "--train.steps", str(steps)]
-    kd = [*student, "--train.distill_from", str(work / "teacher"),
+    kd = [*student, "--train.distill_from", str(source),
           "--train.distill_temperature", str(ns.temperature),
-          "--train.distill_ratio", str(ns.ratio)]
+          "--train.distill_ratio", str(ns.ratio),
+          "--train.distill_cache_mb", str(ns.cache_mb)]
     alone = [*student, "--train.distill_ratio", "0"]
     sign = 1.0 if ex.higher else -1.0
     closed, gains = [], []
@@ -128,7 +148,10 @@ def main() -> None:
           f"[{interval.low:.3f}, {interval.high:.3f}] (95% t); {ex.metric} gain "
           f"{statistics.fmean(gains):+.4f}; p (distilled better) "
           f"{one_sided_p(gains, 0.0):.2g}; p (gap closed > 0.5) "
-          f"{one_sided_p(closed, 0.5):.2g}; {time.perf_counter() - started:.0f} s")
+          f"{one_sided_p(closed, 0.5):.2g}; median step alone "
+          f"{1000 * statistics.median(STEP_S['alone']):.1f} ms, distilled "
+          f"{1000 * statistics.median(STEP_S['distilled']):.1f} ms (cache {ns.cache_mb:g} MB); "
+          f"{time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

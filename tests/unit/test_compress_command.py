@@ -112,7 +112,7 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(1) == y).float().mean())
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
     pytest.importorskip("torch_pruning", reason="torch-pruning is in the dev extra")
     sys.path.insert(0, str(SCRIPT.parent))
@@ -166,3 +166,45 @@ def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
     logits = torch.load(tmp_path / "y.pt", weights_only=True)
     assert _accuracy(logits, y) == pytest.approx(chosen["file_accuracy"])
     assert chosen["file_accuracy"] == chosen["seeds"][0]
+
+
+class _Watched(FineTune):
+    """A fine-tune that also counts, after each masked step, the first layer's zeroed
+    rows, and notes each span it trains."""
+
+    def run(self, model, after_step=None, span=None) -> None:  # type: ignore[override]
+        SPANS.append(span)
+
+        def watch() -> None:
+            after_step()
+            ZEROED.append(int((model[0].weight == 0).all(1).sum()))
+        super().run(model, watch if after_step else None, span)
+
+
+ZEROED: list[int] = []
+SPANS: list[tuple[int, int]] = []
+
+
+def test_pruning_masks_on_the_cubic_schedule_removes_at_the_half_and_fine_tunes_on() -> None:
+    pytest.importorskip("torch_pruning", reason="torch-pruning is in the dev extra")
+    sys.path.insert(0, str(SCRIPT.parent))
+    import compress_task
+
+    from tandem.compress.candidates import pruned
+
+    torch.manual_seed(0)
+    model = compress_task.make_model()
+    x = torch.randn(8, 16)
+    for gradual, steps in ((True, 10), (False, 4)):
+        ZEROED.clear()
+        SPANS.clear()
+        out = pruned(model, 0.5, (x,), _Watched(compress_task.task, steps, 32, 0.5, 0),
+                     gradual=gradual)
+        half = steps // 2
+        # the share masked after step s: 0.5 * (1 - (1 - s / half)^3); all at once if not
+        share = [0.5 * (1 - (1 - min(1, s / half)) ** 3) if gradual else 0.5
+                 for s in range(1, half + 1)]
+        assert ZEROED == [64 - math.ceil(64 * (1 - f)) for f in share]
+        assert SPANS == [(0, half), (half, steps)]
+        assert (out[0].out_features, out[2].in_features, out[2].out_features,
+                out[4].out_features) == (32, 32, 32, 4)

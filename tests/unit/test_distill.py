@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import tandem
-from tandem.compress.distill import Distill, from_config, soft_loss
+from tandem.compress.distill import Distill, OutputCache, from_config, soft_loss
 from tandem.config import validate
 from tandem.errors import UsageError
 from tandem.monitor.catalogue import TIME_TEACHER
@@ -101,12 +101,13 @@ def test_a_run_distils_what_a_plain_loop_distils_and_the_teacher_stays_frozen(
         run_id = store.runs()[0]["run_id"]
         split = store.metrics(run_id, name=TIME_TEACHER)
     assert split and all(m["value"] > 0 for m in split)
-    # the same teacher from safetensors, through the config
+    # the same teacher from safetensors, through the config, its outputs cached: 15 steps
+    # of 20 see half the samples twice
     save_file(state, str(tmp_path / "teacher.safetensors"))
-    cfg = _config(tmp_path / "b", 6, distill_from=str(tmp_path / "teacher.safetensors"),
-                  distill_temperature=T, distill_ratio=RATIO)
+    cfg = _config(tmp_path / "b", 15, distill_from=str(tmp_path / "teacher.safetensors"),
+                  distill_temperature=T, distill_ratio=RATIO, distill_cache_mb=1.0)
     again = tandem.fit(toy_task.task(), config=cfg).model.state_dict()
-    for name, value in want.items():
+    for name, value in reference(state, 15, 20).state_dict().items():
         torch.testing.assert_close(again[name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
@@ -127,9 +128,50 @@ def test_bad_distillation_settings_are_refused(tmp_path: Path) -> None:
     cfg.train.distill_ratio = 1.5
     with pytest.raises(ValueError, match=r"train.distill_ratio: 1.5 is out of range.*\[0, 1\]"):
         validate(cfg)
+    cfg = tandem.Config()
+    cfg.train.distill_cache_mb = -1.0
+    with pytest.raises(ValueError, match="train.distill_cache_mb: -1.0 is out of range"):
+        validate(cfg)
     with pytest.raises(ValueError, match="train.distill_from .*: no such file"):
         Distill(toy_task.make_model, tmp_path / "missing")
     cfg = _config(tmp_path, 2, distill_from=str(tmp_path))
     cfg.plan.pp = 2
     with pytest.raises(ValueError, match="plan.pp 2 and plan.tp 1 split"):
         from_config(cfg, toy_task.task())
+
+
+class Counted(nn.Module):
+    """A teacher that counts the rows it computed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer, self.rows = nn.Linear(4, 3), 0
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        self.rows += x.shape[0]
+        return self.layer(x) * scale
+
+
+def test_cached_teacher_outputs_are_the_teachers_and_seen_rows_are_not_recomputed() -> None:
+    torch.manual_seed(0)
+    teacher = Counted().eval()
+    x, scale = torch.randn(6, 4), torch.rand(6, 1)
+    row_bytes = 3 * 4 + 4 * 4 + 4  # an output row, and its key: the inputs' bytes
+    cache = OutputCache(teacher, limit_bytes=8 * row_bytes)
+    with torch.no_grad():
+        torch.testing.assert_close(cache(x, scale), teacher.layer(x) * scale)
+        assert teacher.rows == 6 and len(cache.store) == 6
+        # rows 0-2 again beside 3 unseen ones: only those are computed; the store fills up
+        y, s = torch.cat([x[:3], torch.randn(3, 4)]), torch.cat([scale[:3], scale[:3]])
+        torch.testing.assert_close(cache(y, s), teacher.layer(y) * s)
+        assert teacher.rows == 9 and len(cache.store) == 8
+        assert (cache.hits, cache.misses) == (3, 9)
+        # the same row with another second input is another sample
+        torch.testing.assert_close(cache(x[:1], scale[:1] + 1), teacher.layer(x[:1])
+                                   * (scale[:1] + 1))
+        assert teacher.rows == 10
+        torch.testing.assert_close(cache(x, scale), teacher.layer(x) * scale)
+        assert teacher.rows == 10
+        # inputs without a common first dimension pass through
+        cache(x, torch.ones(1))
+        assert teacher.rows == 16

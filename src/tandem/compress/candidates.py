@@ -4,9 +4,10 @@ short fine-tune each needs (`FineTune`).
 
 - low-rank: every Linear and ConvNd whose pair is smaller replaced by its truncated-SVD
   pair holding 50% or 25% of the layer's weights, then fine-tuned;
-- pruning: 25% or 50% of each coupled channel group masked at once (lowest group L2 norm;
-  the output layer's channels kept, and groups tied to an embedding or a bare parameter,
-  such as a transformer's residual stream), fine-tuned with the masks held, then removed;
+- pruning: 25% or 50% of each coupled channel group masked (lowest group L2 norm; the
+  output layer's channels kept, and groups tied to an embedding or a bare parameter, such
+  as a transformer's residual stream), the share growing on a cubic schedule over the first
+  half of the fine-tune, then removed, the smaller model fine-tuned for the second half;
 - int8 PTQ: weights and inputs quantised, input ranges calibrated on training batches,
   converted, no training;
 - int8 QAT: fake-quantised, fine-tuned (ranges followed while training), converted.
@@ -68,14 +69,18 @@ class FineTune:
                             generator=torch.Generator().manual_seed(self.seed))
         return itertools.chain.from_iterable(itertools.repeat(loader))
 
-    def run(self, model: nn.Module, after_step: Callable[[], None] | None = None) -> None:
-        """Train `model` in place for `steps` steps."""
-        torch.manual_seed(self.seed)
+    def run(self, model: nn.Module, after_step: Callable[[], None] | None = None,
+            span: tuple[int, int] | None = None) -> None:
+        """Train `model` in place for `steps` steps, or for the steps `span` (start, stop)
+        of them: their batches and learning rates, with an optimizer of its own."""
+        start, stop = span or (0, self.steps)
+        torch.manual_seed(self.seed + start)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.task.optimizer(params)
         base = [g["lr"] * self.lr_scale for g in optimizer.param_groups]
         model.train()
-        for step, batch in zip(range(self.steps), self.batches(), strict=False):
+        batches = itertools.islice(self.batches(), start, stop)
+        for step, batch in zip(range(start, stop), batches, strict=False):
             for group, lr in zip(optimizer.param_groups, base, strict=True):
                 group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / self.steps))
             outputs = self.task.run_forward(model, batch)
@@ -127,20 +132,33 @@ def lowranked(model: nn.Module, share: float, tune: FineTune) -> nn.Module:
 
 
 def pruned(model: nn.Module, ratio: float, inputs: Sequence[torch.Tensor],
-           tune: FineTune) -> nn.Module:
-    """`ratio` of each channel group masked, fine-tuned with the masks held, removed."""
+           tune: FineTune, gradual: bool = True) -> nn.Module:
+    """`ratio` of each channel group masked over the first half of the fine-tune, the
+    masked channels removed, the smaller model fine-tuned for the second half (a norm
+    that mixes channels, such as GroupNorm, computes other statistics once they are gone).
+    `gradual`: the masked share grows on the cubic schedule over the first half
+    (`prune.ChannelPruning`, the lowest group norms of the weights as they train); else
+    all of it is masked before the first step."""
     out = copy.deepcopy(model)
     example = inputs[0] if len(inputs) == 1 else tuple(inputs)
     head = output_layer(out, inputs)
     graph = prune.graph(out, example)
     keep = (head,) if head else ()
     keep += tuple(prune.tied(out, example, keep, graph))
-    masked = prune.choose(out, example, ratio, keep=keep, dep_graph=graph)
-    if not any(masked.values()):
+    half = max(1, tune.steps // 2)
+    pruning = prune.ChannelPruning(example, ratio, start=0, end=half if gradual else 0,
+                                   every=max(1, half // 10) if gradual else half, keep=keep)
+    pruning.transform_model(out, torch.device("cpu"))
+    if not gradual:
+        pruning.masked = prune.choose(out, example, ratio, keep=keep, dep_graph=graph)
+        prune.apply(out, example, pruning.masked, graph)
+    steps = itertools.count(1)
+    tune.run(out, lambda: pruning.after_step(next(steps), False), span=(0, half))
+    if not any(pruning.masked.values()):
         raise ValueError("no channel group to prune")
-    prune.apply(out, example, masked, graph)
-    tune.run(out, lambda: prune.apply(out, example, masked, graph))
-    prune.remove(out, example, masked)
+    prune.remove(out, example, pruning.masked)
+    if half < tune.steps:
+        tune.run(out, span=(half, tune.steps))
     return out.eval()
 
 

@@ -19,12 +19,18 @@ wraps it (no gradient, so nothing to reduce), and every rank holds it whole (und
 too: it is not sharded). Its forward
 runs under `torch.no_grad` inside the step, on the micro-batch the student sees, and its
 time per step is the window's `time/teacher` (a part of `time/forward`).
+
+With `train.distill_cache_mb` > 0 the teacher's outputs are kept per training sample, keyed
+by the bytes of the sample's inputs, up to that many megabytes: a sample seen again (the
+next epoch) takes its stored outputs and the teacher runs on the unseen rows only. An
+augmented sample differs in its bytes and is computed afresh. It assumes what eval mode
+gives the usual models: a sample's outputs do not depend on the other rows of its batch.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +58,55 @@ def soft_loss(student: torch.Tensor, teacher: torch.Tensor,
     return F.kl_div(s, t, reduction="batchmean", log_target=True) * temperature**2
 
 
+class OutputCache(nn.Module):
+    """Calls `teacher` on the rows of its inputs it has not seen; the others' outputs come
+    from the store (see the module docstring). Inputs whose tensors do not share a first
+    dimension, or outputs that are not one tensor of that many rows, pass through."""
+
+    def __init__(self, teacher: nn.Module, limit_bytes: int) -> None:
+        super().__init__()
+        self.teacher, self.limit = teacher, limit_bytes
+        self.store: dict[bytes, torch.Tensor] = {}
+        self.held = 0
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def keys(args: Sequence[Any]) -> list[bytes] | None:
+        """One key per row: the bytes of the row of every input, or None."""
+        if not args or not all(isinstance(a, torch.Tensor) and a.dim() > 0 for a in args):
+            return None
+        rows = args[0].shape[0]
+        if any(a.shape[0] != rows for a in args):
+            return None
+        flat = torch.cat([a.detach().reshape(rows, -1).contiguous().view(torch.uint8)
+                          .reshape(rows, -1).cpu() for a in args], dim=1).numpy()
+        return [row.tobytes() for row in flat]
+
+    def forward(self, *args: Any) -> Any:
+        keys = self.keys(args)
+        if keys is None:
+            return self.teacher(*args)
+        new = [i for i, k in enumerate(keys) if k not in self.store]
+        self.hits, self.misses = self.hits + len(keys) - len(new), self.misses + len(new)
+        if len(new) == len(keys):
+            out = self.teacher(*args)
+        elif new:
+            out = self.teacher(*(a[new] for a in args))
+        else:
+            return torch.stack([self.store[k] for k in keys])
+        if not isinstance(out, torch.Tensor) or out.shape[0] != len(new):
+            return out if len(new) == len(keys) else self.teacher(*args)
+        fresh = dict(zip((keys[i] for i in new), out.detach(), strict=True))
+        for key, row in fresh.items():
+            size = row.numel() * row.element_size() + len(key)
+            if self.held + size <= self.limit:
+                self.store[key] = row.clone()
+                self.held += size
+        if len(new) == len(keys):
+            return out
+        return torch.stack([fresh[k] if k in fresh else self.store[k] for k in keys])
+
+
 def _shape(value: Any) -> str:
     return str(list(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
 
@@ -67,7 +122,8 @@ class Distill(Component):
 
     def __init__(self, teacher: Callable[[], nn.Module], weights: str | Path = "",
                  temperature: float = 1.0, ratio: float = 0.5,
-                 forward: Callable[[nn.Module, Batch], Any] | None = None) -> None:
+                 forward: Callable[[nn.Module, Batch], Any] | None = None,
+                 cache_mb: float = 0.0) -> None:
         if not callable(teacher):
             raise ValueError(f"Distill: teacher must be a callable that builds the teacher's "
                              f"module, got {teacher!r}")
@@ -75,12 +131,16 @@ class Distill(Component):
             raise ValueError(f"train.distill_temperature: {temperature!r} must be > 0")
         if not 0 <= ratio <= 1:
             raise ValueError(f"train.distill_ratio: {ratio!r} must be in [0, 1]")
+        if not cache_mb >= 0:
+            raise ValueError(f"train.distill_cache_mb: {cache_mb!r} must be >= 0")
+        self.cache_bytes = int(cache_mb * 2**20)
         self.build, self.temperature, self.ratio = teacher, temperature, ratio
         self.forward = forward or default_forward
         # The source is checked at once, before any model is built.
         self.loader = (InitFrom(str(weights), field=FIELD, average=True) if str(weights)
                        else None)
         self.teacher: nn.Module | None = None
+        self.cache: OutputCache | None = None
         self.checked = False
         self.in_step = False
         self.spans: list[tuple[Any, Any]] = []  # this window's teacher forwards
@@ -98,6 +158,8 @@ class Distill(Component):
         teacher.eval()
         teacher.requires_grad_(False)
         self.teacher, self.cuda = teacher, parts.device.type == "cuda"
+        if self.cache_bytes:
+            self.cache = OutputCache(teacher, self.cache_bytes)
 
     def before_step(self, step: int) -> None:
         """Teacher time counts from here (not in the preflight check or calibration)."""
@@ -119,11 +181,13 @@ class Distill(Component):
                 + (1 - self.ratio) * loss)
 
     def teach(self, batch: Any) -> Any:
-        """The teacher's outputs on `batch`, without gradients; timed inside a step."""
+        """The teacher's outputs on `batch`, without gradients; timed inside a step. Only
+        inside a step is the cache used (training samples, not preflight ones)."""
         assert self.teacher is not None, "setup() first"
         start = self._mark()
+        model = self.cache if self.cache is not None and self.in_step else self.teacher
         with torch.no_grad():
-            out = self.forward(self.teacher, batch)
+            out = self.forward(model, batch)
         if self.in_step:
             self.spans.append((start, self._mark()))
         return out
@@ -172,4 +236,4 @@ def from_config(config: Config, task: Task) -> Distill | None:
                          "the student's forward (use one process, ddp, fsdp, localsgd or "
                          "diloco)")
     return Distill(task.teacher or task.model, train.distill_from, train.distill_temperature,
-                   train.distill_ratio, task.run_forward)
+                   train.distill_ratio, task.run_forward, train.distill_cache_mb)

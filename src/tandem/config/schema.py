@@ -110,6 +110,9 @@ class TrainConfig:
     distill_ratio: float = _doc(
         0.5, "the distillation term's weight: ratio * T^2 * KL(teacher || student) + "
         "(1 - ratio) * Task.loss, in [0, 1] (0: no teacher is used)")
+    distill_cache_mb: float = _doc(
+        0.0, "keep the teacher's outputs per training sample, keyed by its input bytes, up "
+        "to this many MB: a sample seen again skips the teacher (0: off)")
     seq_ramp: str = _doc(
         "", "grow the training sequence length: 'STEP:LEN,...' cuts dim 1 of every batch "
         "tensor with 2+ dims to LEN from STEP on, LEN 0 being the full length, the first at "
