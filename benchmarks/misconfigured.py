@@ -76,6 +76,10 @@ JOBS: dict[str, Job] = {
                     {"MC_IN": "512", "MC_WIDTH": "1024", "MC_DEPTH": "2"}, well=True),
     "well-small": Job("the tuner's small job, one process, no loading cost", [],
                       {"TUNE_TASK_SLEEP_MS": "0"}, script=SMALL, nproc=1, well=True),
+    "well-mnist1d": Job("the MNIST-1D example as its README runs it", [], {},
+                        script=ROOT / "examples" / "mnist1d_cnn.py", well=True),
+    "well-char-lm": Job("the char-LM example as its README runs it", [], {},
+                        script=ROOT / "examples" / "char_lm.py", well=True),
 }
 
 
@@ -162,7 +166,8 @@ def run_misconfigured(names: list[str], root: Path, ns: argparse.Namespace) -> l
 
 
 def run_well(sessions: int, root: Path, ns: argparse.Namespace) -> list[dict]:
-    names = [n for n, j in JOBS.items() if j.well]
+    names = ns.well_jobs.split(",") if ns.well_jobs else [n for n, j in JOBS.items()
+                                                            if j.well]
     rows = []
     for i in range(sessions):
         name = names[i % len(names)]
@@ -208,6 +213,8 @@ def main() -> None:
     parser.add_argument("--well-sessions", type=int, default=10)
     parser.add_argument("--budget", default="25m", help="per mis-configured session")
     parser.add_argument("--well-budget", default="8m", help="per well-configured session")
+    parser.add_argument("--well-jobs", default="",
+                        help="well-configured jobs, round robin (default: all of them)")
     parser.add_argument("--max-trials", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--log-every", type=int, default=5)
@@ -218,7 +225,8 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     print(f"work directory {root}; load average {os.getloadavg()}", flush=True)
     names = [n for n in ns.jobs.split(",") if n]
-    unknown = [n for n in names if n not in JOBS]
+    unknown = [n for n in names + [w for w in ns.well_jobs.split(",") if w]
+               if n not in JOBS]
     if unknown:
         raise SystemExit(f"unknown job(s) {unknown}; known: {', '.join(JOBS)}")
     rows = run_misconfigured(names, root, ns)

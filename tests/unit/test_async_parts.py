@@ -113,14 +113,52 @@ def test_shares_are_taken_once_and_a_straggler_s_are_taken_by_others() -> None:
 
 @pytest.mark.parametrize(("section", "key", "value", "words"), [
     ("plan", "staleness", -1, "plan.staleness"),
-    ("train", "batch_ramp", "10:100", "train.batch_ramp"),
-    ("fault", "spike", "rollback", "fault.spike"),
-    ("fault", "nonfinite", "rollback", "fault.nonfinite"),
+    ("train", "batch_ramp", "0:32,10:64", "train.batch_ramp: plan.strategy 'async'"),
+    ("train", "seq_ramp", "0:32,50:0", "train.seq_ramp: plan.strategy 'async'"),
+    ("fault", "spike", "rollback", "fault.spike: 'rollback'"),
+    ("fault", "nonfinite", "rollback", "fault.nonfinite: 'rollback'"),
 ])
 def test_async_refuses_what_it_cannot_do(section: str, key: str, value: object,
                                          words: str) -> None:
     cfg = tandem.Config()
-    cfg.plan.strategy = "async"
+    cfg.plan.strategy, cfg.train.global_batch = "async", 64
     setattr(getattr(cfg, section), key, value)
     with pytest.raises(ValueError, match=words):
         validate(cfg)
+
+
+def test_the_report_lists_each_worker_s_steps_pushes_and_staleness() -> None:
+    from tandem.analyze.report import figures
+
+    def rows(name: str, values: dict[tuple[int, int], float]) -> list[dict]:
+        return [{"step": s, "rank": r, "name": name, "value": v, "time": 0.0}
+                for (s, r), v in values.items()]
+
+    groups = figures.by_name([
+        *rows("async/local_steps", {(8, 0): 20, (8, 1): 4, (16, 0): 19, (16, 1): 5,
+                                    (16, -1): 12}),
+        *rows("async/pushes", {(8, 0): 5, (8, 1): 2, (16, 0): 5, (16, 1): 1}),
+        *rows("async/early_pushes", {(8, 1): 1, (16, 1): 1}),
+        *rows("async/staleness_mean", {(8, 0): 0.5, (16, 0): 0.25, (16, 1): 2.0}),
+        *rows("async/staleness_max", {(16, 0): 1, (16, 1): 2}),
+        *rows("async/fresh_share", {(16, 0): 0.75, (16, 1): 0.0}),
+        *rows("comm/pull_wait_s", {(8, 0): 0.001, (16, 0): 0.003})])
+    assert figures.async_workers(groups) == [
+        ["0", "39", "10", "0", "0.25", "1", "75%", "2.00 ms"],
+        ["1", "9", "3", "2", "2.00", "2", "0%", "-"]]
+    assert figures.async_workers(figures.by_name([])) == []
+
+
+def test_a_slow_fault_with_a_factor_sleeps_as_long_as_the_step_took(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tandem import faults
+
+    clock, slept = iter([0.0, 10.0, 10.3, 20.0, 20.5, 30.0]), []
+    monkeypatch.setattr(faults.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    fault = faults.Fault.parse({"rank": 1, "step": 2, "until": 4, "kind": "slow",
+                                "phase": "optim", "factor": 1.0})
+    plan = faults.FaultPlan([fault], rank=1, attempt=0)
+    for step in (2, 3, 4):  # 4 is past `until`
+        plan.hit("step", step)
+        plan.hit("optim", step)
+    assert slept == pytest.approx([0.3, 0.5])

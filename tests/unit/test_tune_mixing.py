@@ -31,6 +31,7 @@ from tests.dist import mix_task
 from tests.unit.test_tune_session import BATCH, SimRunner
 
 STEPS, LOG_EVERY = 200, 20
+EVAL_S = 0.64  # seconds an evaluation takes, in the summary (10 steps' worth)
 
 
 class MixRunner(SimRunner):
@@ -38,7 +39,8 @@ class MixRunner(SimRunner):
 
     def __init__(self, root: Path, tasks: Mapping[str, tuple[float, float]],
                  shares: Mapping[str, float], gains: Mapping[tuple[str, Any], float]) -> None:
-        super().__init__(root, gains, noise=0.03, seed=1)
+        # an evaluation every 20 steps costs a third of the wall time (`EVAL_S`)
+        super().__init__(root, gains, noise=0.03, seed=1, job={"train.eval_every": 20})
         self.tasks, self.default = dict(tasks), dict(shares)
 
     def shares(self, changes: Mapping[str, Any]) -> dict[str, float]:
@@ -71,6 +73,7 @@ class MixRunner(SimRunner):
                                              ("share", share))]
             store.log_metrics(name, rows)
             summary = {**store.run(name)["summary"], "train_started_at": started + 3.0,
+                       "eval_time_s": EVAL_S * steps / 20,
                        "wall_time_s": windows[-1]["time"] - started - 3.0}
             store.finish_run(name, RunStatus.COMPLETED, summary)
         fresh = self.read(name)
@@ -115,8 +118,11 @@ def test_a_task_starved_by_its_weight_gets_the_share_that_reaches_every_target(
     stalled = [f for f in tuner.records[0].figures["findings"] if f["kind"] == "task-stalls"]
     assert [f["message"].split(":")[0] for f in stalled] == ["task 'b'"]
     # The largest move first, adopted at once; with it 'b' learns, and nothing stalls.
+    # Only then is a sparser evaluation tried (the evaluations time the targets).
     assert _mixing(tuner) == {"a=1,b=1": "adopted"}
-    assert tuner.incumbent == {"data.mix": "a=1,b=1"}
+    tried = [next(iter(r.changes)) for r in tuner.records if r.kind == "candidate"]
+    assert tried[0] == "data.mix" and "train.eval_every" in tried[1:]
+    assert tuner.incumbent["data.mix"] == "a=1,b=1"
     # Independently: of the family's moves (equal shares, b's weight x4, x2) only equal
     # shares reach both targets within the run; the others leave 'b' short of its
     # target, as the current shares do.
@@ -127,6 +133,8 @@ def test_a_task_starved_by_its_weight_gets_the_share_that_reaches_every_target(
     adopted = next(r for r in tuner.records if r.status == "adopted")
     assert adopted.figures["figure"] == TASKS and adopted.figures["ratio"]["low"] > 1.5
     assert "to every task's target" in adopted.decision
+    # the session's claim stays in samples/s: the shares change no throughput
+    assert tuner.speed is not None and 0.9 < tuner.speed.estimate < 1.1
 
 
 def test_a_plan_faster_in_samples_but_later_to_one_target_loses(tmp_path: Path) -> None:

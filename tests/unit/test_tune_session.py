@@ -192,3 +192,23 @@ def test_the_budget_bounds_the_session_and_names_what_it_never_reached(
              and r.status != "not-reached"]
     # those tried are the largest predictions, in order
     assert tried == [f"x.k{i}=1" for i in range(len(tried))]
+
+
+def test_every_run_lasts_its_run_seconds_after_a_10x_adoption(tmp_path: Path) -> None:
+    # The placebo measures the original plan; after a 10x faster plan is adopted its
+    # further pairs must run at the original plan's own pace, and the adopted plan's
+    # runs at its own (no longer stretched by its prediction): each run lasts about
+    # run_s, never ten or four times that.
+    tuner, runner = _session(tmp_path, {("x.fix", 1): 10.0}, [_cand("x.fix", 1, 8.0)],
+                             placebo_pairs=6, run_s=5.0)
+    assert tuner.incumbent == {"x.fix": 1}
+    placebo = tuner.bench.placebo
+    assert placebo is not None
+    fix_arm = next(a for a in tuner.bench.arms if a.label == "x.fix=1")
+    after = [p for p in placebo.pairs if p.arm.name > fix_arm.pairs[-1].arm.name]
+    assert after, "no placebo pair after the adoption"
+    runs = [r for a in tuner.bench.arms for p in a.pairs for r in (p.arm, p.reference)
+            if r is not tuner.a0]
+    for run in runs:
+        # the first window of each size is a partial one: at most a window more (1/6)
+        assert run.wall_s - START_S <= 5.0 * (1 + 1 / 6) * 1.3, (run.name, run.wall_s)

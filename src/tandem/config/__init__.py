@@ -295,9 +295,12 @@ def _check_low_communication(config: Config) -> None:
 
 
 def _check_async(config: Config) -> None:
-    if config.train.batch_ramp:
-        raise ValueError("train.batch_ramp: plan.strategy 'async' gives out the shares of "
-                         "equal global batches to whichever worker is free; leave it empty")
+    for name, value in (("batch_ramp", config.train.batch_ramp),
+                        ("seq_ramp", config.train.seq_ramp)):
+        if value:
+            raise ValueError(f"train.{name}: plan.strategy 'async' gives out the shares of "
+                             "equal global batches to whichever worker is free; leave it "
+                             "empty")
     if config.fault.spike == "rollback":
         raise ValueError("fault.spike: 'rollback' needs the workers to agree on one step, "
                          "which plan.strategy 'async' avoids; use 'warn'")

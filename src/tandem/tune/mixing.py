@@ -18,7 +18,9 @@ the convergence check.
 Targets: `--task-target 'task/NAME/METRIC>=V'` (or <=), one or more; without them, each
 task's evaluation loss where the baseline run ended (`task/NAME/eval_loss<=last`), so a
 plan must match the current plan's quality on every task, sooner. Evaluations follow
-the job's own `train.eval_every`: the time to a target is as fine as that cadence.
+the job's own `train.eval_every`: the time to a target is as fine as that cadence, so
+while the family is in play the tuner proposes no other cadence (a sparser one, adopted
+first for its throughput, would leave the mixtures' runs a single evaluation at the end).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tandem.tune.hparams import PENALTY
 from tandem.tune.space import Candidate
 from tandem.tune.trial import RunOutcome
 
+CADENCE = "train.eval_every"  # not traded away while a mixture's shares are judged
 FACTORS = (4.0, 2.0)  # the stalled task's weight times these
 Target = tuple[str, str, float]
 

@@ -17,7 +17,10 @@ def proposals(smells: Iterable[Any], measured: Any, findings: Sequence[Any],
     queue = [smell.candidate() for smell in smells]
     seen = [c.changes for c in queue]
     queue += [c for c in sizing.proposals(measured, min_gain) if c.changes not in seen]
-    for family, finding in space.families_of(findings).items():
+    families = space.families_of(findings)
+    if "mixing" in families:  # its runs read the time to each target at the evaluations
+        queue = [c for c in queue if mixing.CADENCE not in c.changes]
+    for family, finding in families.items():
         reason = f"{finding.kind}: {finding.message.split(' -> ')[0]}"
         predicted = controls.predicted_of(finding)
         if family == "comm":

@@ -9,10 +9,13 @@ budget on each run of its baseline and placebo, and leaves nothing for candidate
   (`wall_per_step`, logging and evaluation pauses included) size every later run.
 * **Every later run** of a plan gets `size(seconds_per_step, run_s)`: enough steps to
   fill run_s seconds, at least MIN_STEPS (a steady state needs some), in WINDOWS
-  logging windows. A candidate whose prediction says it is faster gets its predicted
-  share more steps (at most MAX_STRETCH times), so that its run also lasts about run_s
-  and measures it over enough windows (more windows of the unstretched run's size, so
-  that its losses are logged at its reference's steps).
+  logging windows. The seconds per step are the plan's own when it has been the
+  session's current plan (`Pace`: the original plan's placebo runs after an adoption
+  keep the original's pace; a 10x faster adoption would make them 10 times too long),
+  else the current plan's. A candidate whose prediction says it is faster gets its
+  predicted share more steps (at most MAX_STRETCH times), so that its run also lasts
+  about run_s and measures it over enough windows (more windows of the unstretched
+  run's size, so that its losses are logged at its reference's steps).
 * **run_s** is the user's `--run-seconds`, else `auto_run_seconds(budget)`: a
   RUNS_PER_BUDGET-th of the budget, within [MIN_RUN_S, MAX_RUN_S].
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.tune.stats import WindowFigure
 
@@ -77,3 +80,27 @@ def size(seconds_per_step: float, run_s: float, stretch: float = 1.0) -> RunSize
     # Stretched in windows of the unstretched run's size: its losses are then logged at
     # every step its reference's are (the convergence guardrail compares those steps).
     return RunSize(log_every * math.ceil(factor * windows), log_every)
+
+
+@dataclass
+class Pace:
+    """Seconds per step of each plan that has been a session's current plan, by key."""
+
+    of: dict[tuple[tuple[str, str], ...], float] = field(default_factory=dict)
+    latest: float | None = None
+
+    def note(self, plan: tuple[tuple[str, str], ...], windows: Sequence[WindowFigure]
+             ) -> None:
+        """Record the pace of a run of the current plan `plan` (kept when it has none)."""
+        seconds = wall_per_step(windows)
+        if seconds:
+            self.of[plan] = self.latest = seconds
+
+    def size(self, plan: tuple[tuple[str, str], ...], current: tuple[tuple[str, str], ...],
+             run_s: float, stretch: float = 1.0) -> RunSize | None:
+        """A run of `plan`: at its own pace, unstretched; else at the current plan's (or
+        the latest one measured), stretched by `stretch`; None before any pace."""
+        if plan in self.of:
+            return size(self.of[plan], run_s)
+        base = self.of.get(current, self.latest)
+        return size(base, run_s, stretch) if base else None

@@ -102,7 +102,7 @@ class Tuner:
         self.judged: set[tuple[tuple[str, str], ...]] = set()  # candidates' own changes
         self.speed: tstats.Interval | None = None
         self.run_s = settings.run_s or runsize.auto_run_seconds(settings.budget_s)
-        self.step_s: float | None = None  # wall seconds per step of the current plan
+        self.pace = runsize.Pace()  # seconds per step of each plan that was current
         self.stretch: dict[tuple[tuple[str, str], ...], float] = {}  # arm -> predicted
         self.unreached: list[Candidate] = []
         self.smells: list[smells.Smell] = []
@@ -136,12 +136,11 @@ class Tuner:
 
     def _launch(self, tag: str, changes: Mapping[str, Any], control: str) -> RunOutcome:
         name = f"{self.session}-{self.runner.runs:03d}-{tag}"
-        if self.s.steps or not self.step_s:
-            steps, log_every = self.s.steps or runsize.MIN_STEPS, self.s.log_every
-        else:
-            sized = runsize.size(self.step_s, self.run_s,
-                                 self.stretch.get(self._key(changes), 1.0))
-            steps, log_every = sized.steps, sized.log_every
+        sized = None if self.s.steps else self.pace.size(
+            self._key(changes), self._key(self.incumbent), self.run_s,
+            self.stretch.get(self._key(changes), 1.0))
+        steps, log_every = ((sized.steps, sized.log_every) if sized else
+                            (self.s.steps or runsize.MIN_STEPS, self.s.log_every))
         return self.runner.run(name, changes, steps, log_every, control)
 
     def _probe(self) -> RunOutcome:
@@ -206,7 +205,7 @@ class Tuner:
             if key in self.job:  # what the trial set for itself is not the job's
                 config[key] = self.job[key]
         config.update(self.incumbent)
-        self.step_s = runsize.wall_per_step(outcome.windows) or self.step_s
+        self.pace.note(self._key(self.incumbent), outcome.windows)
         self.measured = measured_from(metrics, run.get("summary") or {}, config,
                                       outcome.windows, self.runner.nproc,
                                       int(ran.get("monitor.log_every") or 1),
@@ -425,7 +424,7 @@ class Tuner:
         if not self.adopted:
             return None
         if len(self.adopted) == 1:
-            return self.bench.interval(self.adopted[0])
+            return self.bench.interval(self.adopted[0], "wall")  # samples/s, as claimed
         arm = self.bench.add(Arm("chosen vs original", "confirm", dict(self.incumbent), {}))
         while len(arm.pairs) < tstats.MIN_PAIRS + 1 and self._can_afford(2):
             if self.bench.pair(arm):

@@ -18,12 +18,14 @@ its ranks from it, so a run's start-up costs a fraction of a cold one's and a se
 budget goes to measuring. The runs' figures do not include start-up (the first window
 is warm-up), so a run that started cold (before the server listened, or where a warm
 worker could differ from a cold one: the launcher says so in its log) compares fairly
-with one that started warm.
+with one that started warm. A job whose processes start with more than one thread
+each starts its trials cold (`warm_workers` says why).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -47,6 +49,7 @@ from tandem.tune.space import DATA_CONTROL
 from tandem.tune.stats import WindowFigure, run_rates
 
 # Flags every trial sets itself; the same flags among the script's own are dropped.
+log = logging.getLogger("tandem")
 OWN_FLAGS = ("train.steps", "monitor.log_every", "run.dir", "run.name", "run.resume",
              "monitor.store", "monitor.progress", "monitor.report", "checkpoint.at_end",
              "monitor.calibrate_at", "run.kind")
@@ -274,6 +277,12 @@ class TrialRunner:
                           f"run status {run['status']}")
 
 
+def threads_per_process(runner: TrialRunner) -> int:
+    """The OMP_NUM_THREADS the job's processes start with (1 when unset or unreadable)."""
+    value = runner.env.get("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+    return int(value) if value.isdigit() else 1
+
+
 def _tasks(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
            ) -> dict[str, list[tuple[float, float]]]:
     """A mixture's per-source rows by name, timed from the run's first step."""
@@ -290,8 +299,18 @@ def _tasks(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
 @contextmanager
 def warm_workers(runner: TrialRunner, enabled: bool = True) -> Iterator[None]:
     """While it lasts, `runner`'s trials fork their ranks from a fork server started
-    here (each run once the server listens); the server is stopped at the end."""
-    if not enabled:
+    here (each run once the server listens); the server is stopped at the end.
+
+    Not for a job that starts its processes with more than one thread each: a forked
+    worker gets its OMP_NUM_THREADS after the fork (`torch.set_num_threads`), which
+    does not reproduce a process that started with it. Measured on 2 cores under
+    other work (load 22-30): with OMP_NUM_THREADS=4 on 2 ranks, cold runs made 44-90
+    samples/s and warm-forked ones 967-2,400 (1 thread: 459-1,079 either way), so the
+    trials would judge a job that is not the one the user runs."""
+    if not enabled or threads_per_process(runner) > 1:
+        if enabled:
+            log.info("trials start cold: the job's processes start with %d threads each",
+                     threads_per_process(runner))
         yield
         return
     from tandem.sched.backends.local_backend import ForkServer

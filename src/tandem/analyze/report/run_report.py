@@ -217,7 +217,7 @@ def render_html(store: RunStore, run_id: str) -> str:
         "<h2>Curves</h2>",
         f'<div class="grid">{"".join(charts)}</div>' if charts
         else '<p class="empty">no metrics recorded</p>',
-        *segments_html(events),
+        *segments_html(events), _async_html(groups),
         "<h2>Events</h2>", _events_table(events),
     ] if metrics or not trials else []
     body = [
@@ -235,6 +235,14 @@ def render_html(store: RunStore, run_id: str) -> str:
         f"{text.when(time.time())}</footer>",
     ]
     return html.page(f"tandem · {run['name']}", "".join(body))
+
+
+def _async_html(groups: Mapping[str, Sequence[Any]]) -> str:
+    rows = figures.async_workers(groups)
+    if not rows:
+        return ""
+    return "<h2>Asynchronous workers</h2>" + html.list_table(
+        figures.ASYNC_HEADER, rows, numeric=[True] * len(figures.ASYNC_HEADER))
 
 
 def write_html(store: RunStore, run_id: str, path: Path) -> Path:
@@ -278,6 +286,13 @@ def print_summary(store: RunStore, run_id: str, console: Console) -> None:
         for row in trial_rows(trials):
             decisions.add_row(*row)
         print_fitted(console, decisions, spill=("decision",))
+    if workers := figures.async_workers(groups):
+        asynchronous = Table(title="asynchronous workers", title_justify="left")
+        for column in figures.ASYNC_HEADER:
+            asynchronous.add_column(column)
+        for row in workers:
+            asynchronous.add_row(*row)
+        console.print(asynchronous)
     if not findings:
         console.print("[dim]no timing figures recorded: nothing to diagnose[/dim]")
     rows = segments(events)
