@@ -142,6 +142,9 @@ def main() -> None:
     parser.add_argument("--original", default=None,
                         help="a run directory of the example trained already (not trained)")
     parser.add_argument("--repeats", type=int, default=10, help="latency pairs")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="skip the evaluations: the candidates' sizes and latency only "
+                             "(which a few fine-tune steps do not change)")
     parser.add_argument("--dir", default=None)
     ns = parser.parse_args()
     task, recipe, metric, higher = EXAMPLES[ns.task]
@@ -153,6 +156,8 @@ def main() -> None:
     inputs = model_inputs(task, collate_of(task, data)([data[i] for i in range(64)]))
 
     def measure(model: nn.Module) -> float:
+        if ns.latency_only:
+            return math.nan
         return evaluate(model, task, data, metric, recipe["train.eval_batch"])
 
     base = measure(original)

@@ -2,16 +2,18 @@
 asynchronous updates against synchronous DDP and blocking DiLoCo.
 
     python benchmarks/straggler.py [--seeds 5] [--steps 150] [--target accuracy>=0.9]
-        [--staleness 2] [--sync-every 4] [--slow-rank 3] [--slow-s S] [--out DIR]
+        [--staleness 2] [--sync-every 4] [--outer-momentum 0.9] [--plans async ddp diloco]
+        [--slow-rank 3] [--slow-factor 1] [--slow-s S] [--out DIR]
     python benchmarks/straggler.py --exchange      # the exchange's channels, timed alone
 
 Each plan trains the demo's recipe (`examples/mnist1d_cnn.py`: global batch 128, Muon,
 its EMA evaluation) on 4 processes (`tandem run --nproc-per-node 4`) for `--steps`
-steps, evaluating every 10, with the same worker slowed: the fault hook
-`TANDEM_FAULTS=[{"rank": R, "step": 0, "until": STEPS, "kind": "slow", "seconds": S}]`
-sleeps S seconds at the start of each of that worker's steps. S is, unless given, the
-median step time of a DDP run of the same recipe without the slowdown (run first), so
-the slowed worker takes about twice as long per step. Plans: `async` (plan.staleness,
+steps, evaluating every 10, with the same worker slowed by the fault hook
+`TANDEM_FAULTS=[{"rank": R, "step": 0, "until": STEPS, "kind": "slow", "phase": "optim",
+"factor": F}]`: before each of its optimizer steps that worker sleeps F times as long as
+the step has taken so far (F = 1: its steps take twice as long, whatever the host's load;
+under DDP "so far" includes its wait in the gradient all-reduce). `--slow-s S` sleeps S
+seconds a step instead. Plans: `async` (plan.staleness,
 plan.sync_every), `ddp`, `diloco` (the same plan.sync_every, its default outer step).
 The plans of a seed run one after another, their order rotated from seed to seed.
 
@@ -39,19 +41,18 @@ DEMO = ROOT / "examples" / "mnist1d_cnn.py"
 PLANS = ("async", "ddp", "diloco")
 
 
-def run(out: Path, name: str, plan: str, seed: int, args: argparse.Namespace,
-        slow_s: float) -> dict[str, float]:
-    """One run of the demo under `plan` (slowed when `slow_s` > 0); its figures."""
+def run(out: Path, name: str, plan: str, seed: int, args: argparse.Namespace) -> dict[str, float]:
+    """One run of the demo under `plan`, one worker slowed; its figures."""
     flags = [*QUIET, "--run.dir", str(out), "--run.name", name, "--run.seed", str(seed),
              "--train.steps", str(args.steps), "--train.eval_every", "10",
              "--train.target", args.target, "--monitor.calibrate_at", "0",
              "--plan.strategy", plan, "--plan.sync_every", str(args.sync_every),
-             "--plan.staleness", str(args.staleness)]
-    extra = {}
-    if slow_s > 0:
-        extra["TANDEM_FAULTS"] = json.dumps([{"rank": args.slow_rank, "step": 0,
-                                              "until": args.steps, "kind": "slow",
-                                              "seconds": slow_s}])
+             "--plan.staleness", str(args.staleness),
+             "--plan.outer_momentum", str(args.outer_momentum)]
+    slow = {"seconds": args.slow_s} if args.slow_s > 0 else {"phase": "optim",
+                                                              "factor": args.slow_factor}
+    extra = {"TANDEM_FAULTS": json.dumps([{"rank": args.slow_rank, "step": 0,
+                                           "until": args.steps, "kind": "slow", **slow}])}
     cmd = tandem_command(["--nproc-per-node", "4"], DEMO, flags)
     run_checked(cmd, timeout=1800, env=child_env(extra), what=f"{plan} seed {seed}")
     got = summary(out / name)
@@ -97,11 +98,12 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(kept):.2f} [{kept[0]:.2f}, {kept[-1]:.2f}]"
 
 
-def report(results: dict[tuple[str, int], dict[str, float]], seeds: list[int]) -> str:
+def report(results: dict[tuple[str, int], dict[str, float]], seeds: list[int],
+           plans: list[str]) -> str:
     """Per plan: seeds that reached the target, median time to it, x sooner than async's
     per seed, final accuracy (mean, and its difference from async's per seed)."""
     rows = []
-    for plan in PLANS:
+    for plan in plans:
         times = [results[(plan, s)]["to_target_s"] for s in seeds]
         acc = [results[(plan, s)]["accuracy"] * 100 for s in seeds]
         over = [t / results[("async", s)]["to_target_s"] for t, s in zip(times, seeds,
@@ -125,14 +127,21 @@ def main() -> int:
     parser.add_argument("--target", default="accuracy>=0.9")
     parser.add_argument("--staleness", type=int, default=2)
     parser.add_argument("--sync-every", type=int, default=4)
+    parser.add_argument("--outer-momentum", type=float, default=0.9,
+                        help="plan.outer_momentum of async and diloco")
+    parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
     parser.add_argument("--slow-rank", type=int, default=3)
+    parser.add_argument("--slow-factor", type=float, default=1.0,
+                        help="the slowed worker sleeps this many times its step's time")
     parser.add_argument("--slow-s", type=float, default=0.0,
-                        help="seconds the slowed worker sleeps a step (0: DDP's step time)")
+                        help="seconds the slowed worker sleeps a step instead (0: off)")
     parser.add_argument("--out", default="")
     parser.add_argument("--exchange", action="store_true",
                         help="only time the exchange's channels (the demo's model size, and "
                         "1 M values)")
     args = parser.parse_args()
+    if "async" not in args.plans:
+        parser.error("--plans: the ratios are against async's runs; include async")
     if args.exchange:
         sys.path.insert(0, str(ROOT))
         from tests.dist.procs import run_ranks
@@ -144,24 +153,20 @@ def main() -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="straggler-"))
     began = time.perf_counter()
     print(f"host load (1/5/15 min): {os.getloadavg()}", flush=True)
-    slow_s = args.slow_s
-    if slow_s <= 0:
-        base = run(out, "ddp-unslowed", "ddp", 0, args, 0.0)
-        slow_s = base["step_s"]
-        print(f"ddp without a straggler: {base}; the slowed worker sleeps {slow_s:.3f} s "
-              "a step", flush=True)
     seeds = list(range(args.seeds))
     results: dict[tuple[str, int], dict[str, float]] = {}
     for seed in seeds:
-        order = PLANS[seed % 3:] + PLANS[:seed % 3]
+        plans = [p for p in PLANS if p in args.plans]
+        order = plans[seed % len(plans):] + plans[:seed % len(plans)]
         for plan in order:
-            results[(plan, seed)] = got = run(out, f"{plan}-s{seed}", plan, seed, args, slow_s)
+            results[(plan, seed)] = got = run(out, f"{plan}-s{seed}", plan, seed, args)
             print(f"seed {seed} {plan}: {got}", flush=True)
+    slowed = f"{args.slow_s:.3f} s" if args.slow_s > 0 else f"{args.slow_factor}x its time"
     print(f"\n{args.seeds} seeds, {args.steps} steps, target {args.target}, rank "
-          f"{args.slow_rank} sleeps {slow_s:.3f} s a step, async s={args.staleness}, "
+          f"{args.slow_rank} sleeps {slowed} a step, async s={args.staleness}, "
           f"H={args.sync_every}; total {time.perf_counter() - began:.0f} s; load now "
           f"{os.getloadavg()}\n")
-    print(report(results, seeds))
+    print(report(results, seeds, [p for p in PLANS if p in args.plans]))
     return 0
 
 

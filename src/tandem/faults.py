@@ -12,7 +12,9 @@ loss becomes NaN), spike (the step's loss is multiplied by `seconds`, default 10
 slow (sleep `seconds`), corrupt (flip one byte of the checkpoint just
 written). With "until": U a fault acts at every step from `step` to U - 1 (a worker
 slowed for a stretch of the run: {"rank": 3, "step": 0, "until": 1000000, "kind": "slow",
-"seconds": 0.05}). phases: step (start of a step, the default), data, compute, optim,
+"seconds": 0.05}); with "factor": F a slow fault sleeps F times as long as the step has
+taken so far instead of `seconds` (phase optim, factor 1: the worker's steps take twice as
+long whatever the host's speed). phases: step (start of a step, the default), data, compute, optim,
 checkpoint_write (a save's shards are written, its commit not yet made: in the background
 thread of an asynchronous save), checkpoint (a save committed), eval. A fault fires in
 restart attempt `attempt` only (default 0), so a restarted group does not die again at
@@ -50,6 +52,7 @@ class Fault:
     attempt: int = 0
     seconds: float = 1.0  # slow: how long; spike: the loss factor
     until: int | None = None  # acts at every step in [step, until)
+    factor: float | None = None  # slow: sleep this many times the step's time so far
 
     def due_at(self, step: int) -> bool:
         """Whether the fault acts at `step`."""
@@ -67,7 +70,8 @@ class Fault:
         return cls(step=int(item["step"]), kind=kind, rank=None if rank == "*" else int(rank),
                    phase=phase, attempt=int(item.get("attempt", 0)),
                    seconds=float(item.get("seconds", 1000.0 if kind == "spike" else 1.0)),
-                   until=int(item["until"]) if "until" in item else None)
+                   until=int(item["until"]) if "until" in item else None,
+                   factor=float(item["factor"]) if "factor" in item else None)
 
 
 class FaultPlan:
@@ -78,6 +82,7 @@ class FaultPlan:
         self.faults = [f for f in faults
                        if (f.rank is None or f.rank == rank) and f.attempt == attempt]
         self.fired: set[tuple[Fault, int]] = set()
+        self.step_began = time.perf_counter()  # when the current step's 'step' phase came
 
     @classmethod
     def from_env(cls, rank: int, attempt: int) -> FaultPlan | None:
@@ -109,11 +114,13 @@ class FaultPlan:
     def hit(self, phase: str, step: int, checkpoint: Path | None = None) -> None:
         """Act out the faults planned for (phase, step)."""
         on_loss = ("nan", "spike")
+        if phase == "step":
+            self.step_began = time.perf_counter()
         for fault in self._due(phase, step, lambda f: f.phase == phase and f.kind not in on_loss):
             if step == fault.step:  # a fault over a stretch of steps speaks once
                 log.warning("fault injection: %s at step %d (%s)", fault.kind, step, phase)
             _log(fault, self.rank)
-            _act(fault, checkpoint)
+            _act(fault, checkpoint, time.perf_counter() - self.step_began)
 
 
 def _log(fault: Fault, rank: int) -> None:
@@ -125,7 +132,7 @@ def _log(fault: Fault, rank: int) -> None:
             handle.write(json.dumps(record) + "\n")
 
 
-def _act(fault: Fault, checkpoint: Path | None) -> None:
+def _act(fault: Fault, checkpoint: Path | None, step_s: float) -> None:
     if fault.kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "sigterm":
@@ -135,7 +142,7 @@ def _act(fault: Fault, checkpoint: Path | None) -> None:
     elif fault.kind == "raise":
         raise RuntimeError(f"injected fault at step {fault.step} ({fault.phase})")
     elif fault.kind == "slow":
-        time.sleep(fault.seconds)
+        time.sleep(fault.seconds if fault.factor is None else fault.factor * step_s)
     elif fault.kind == "corrupt" and checkpoint is not None:
         corrupt(checkpoint)
 

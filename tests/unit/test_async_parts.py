@@ -147,3 +147,18 @@ def test_the_report_lists_each_worker_s_steps_pushes_and_staleness() -> None:
         ["0", "39", "10", "0", "0.25", "1", "75%", "2.00 ms"],
         ["1", "9", "3", "2", "2.00", "2", "0%", "-"]]
     assert figures.async_workers(figures.by_name([])) == []
+
+
+def test_a_slow_fault_with_a_factor_sleeps_as_long_as_the_step_took(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tandem import faults
+
+    clock, slept = iter([0.0, 10.0, 10.3, 20.0, 20.5, 30.0]), []
+    monkeypatch.setattr(faults.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(faults.time, "sleep", slept.append)
+    fault = faults.Fault.parse({"rank": 1, "step": 2, "until": 4, "kind": "slow",
+                                "phase": "optim", "factor": 1.0})
+    plan = faults.FaultPlan([fault], rank=1, attempt=0)
+    for step in (2, 3, 4):  # 4 is past `until`
+        plan.hit("step", step)
+        plan.hit("optim", step)
+    assert slept == pytest.approx([0.3, 0.5])

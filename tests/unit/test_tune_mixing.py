@@ -133,6 +133,8 @@ def test_a_task_starved_by_its_weight_gets_the_share_that_reaches_every_target(
     adopted = next(r for r in tuner.records if r.status == "adopted")
     assert adopted.figures["figure"] == TASKS and adopted.figures["ratio"]["low"] > 1.5
     assert "to every task's target" in adopted.decision
+    # the session's claim stays in samples/s: the shares change no throughput
+    assert tuner.speed is not None and 0.9 < tuner.speed.estimate < 1.1
 
 
 def test_a_plan_faster_in_samples_but_later_to_one_target_loses(tmp_path: Path) -> None:

@@ -147,7 +147,9 @@ class PlanConfig:
     strategy: Literal[strategies.CHOICES] = _doc(strategies.AUTO.name, strategies.help_text())
     sync_every: int = _doc(8, "localsgd/diloco: optimizer steps between meetings (H)")
     outer_lr: float = _doc(0.7, "diloco: learning rate of the outer Nesterov step")
-    outer_momentum: float = _doc(0.9, "diloco: momentum of the outer Nesterov step")
+    outer_momentum: float = _doc(
+        0.9, "diloco: momentum of the outer Nesterov step (async: stale pushes add momentum "
+        "of their own; 0.5 kept the demo's accuracy where 0.9 lost it)")
     fragments: int = _doc(
         4, "streaming_diloco: contiguous parts of the model (P), balanced by size, each "
         "meeting every sync_every steps at its own staggered step"
