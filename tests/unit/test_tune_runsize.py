@@ -44,7 +44,9 @@ def test_a_stretched_run_logs_at_every_step_its_reference_logs() -> None:
 
 
 def test_the_probe_stops_on_time_and_windows() -> None:
-    assert not runsize.probe_done(_windows(0.1, 5, 3), 1.0)  # too few windows
+    assert not runsize.probe_done(_windows(0.1, 5, 3), 2.0)  # too few windows
+    assert not runsize.probe_done(_windows(2.5, 5, 2), 10.0)  # two: no span measured yet
+    assert runsize.probe_done(_windows(2.5, 5, 3), 10.0)  # slow: 2 x 12.5 s >= a run
     assert not runsize.probe_done(_windows(0.01, 5, 6), 10.0)  # too short a span
     assert runsize.probe_done(_windows(0.5, 5, 4), 10.0)  # 3 x 2.5 s >= 5 s
     assert runsize.wall_per_step(_windows(0.25, 4, 5)) == pytest.approx(0.25)
@@ -61,3 +63,11 @@ def test_the_run_length_follows_the_budget_within_bounds() -> None:
 def test_a_bad_step_time_is_refused(bad: float) -> None:
     with pytest.raises(ValueError, match="seconds_per_step"):
         runsize.size(bad, 10.0)
+
+
+def test_a_very_slow_step_still_gets_a_run_of_about_run_seconds() -> None:
+    # 2.5 s a step (a job oversubscribing the cores under load): ceil(10 / 2.5) = 4
+    # steps, one window each (the first is warm-up), not a floor three times longer
+    sized = runsize.size(2.5, 10.0)
+    assert (sized.steps, sized.log_every) == (4, 1)
+    assert runsize.size(20.0, 10.0).steps == runsize.MIN_STEPS == 4

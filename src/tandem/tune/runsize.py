@@ -5,10 +5,12 @@ budget on each run of its baseline and placebo, and leaves nothing for candidate
 
 * **The probe.** The baseline is launched for PROBE_STEPS steps (more than it will
   run) and stopped once its logging windows, after the first (warm-up), span half the
-  run length and at least PROBE_WINDOWS windows (`probe_done`); its seconds per step
+  run length and at least PROBE_WINDOWS windows, or three windows spanning a whole run
+  (`probe_done`: a 2.5-s step in windows of 5 steps); its seconds per step
   (`wall_per_step`, logging and evaluation pauses included) size every later run.
 * **Every later run** of a plan gets `size(seconds_per_step, run_s)`: enough steps to
-  fill run_s seconds, at least MIN_STEPS (a steady state needs some), in WINDOWS
+  fill run_s seconds, at least MIN_STEPS (a first window of warm-up and three measured
+  ones: a floor of 12 made a 2.5-s step's runs three times run_s), in WINDOWS
   logging windows. The seconds per step are the plan's own when it has been the
   session's current plan (`Pace`: the original plan's placebo runs after an adoption
   keep the original's pace; a 10x faster adoption would make them 10 times too long),
@@ -30,7 +32,7 @@ from tandem.tune.stats import WindowFigure
 
 PROBE_STEPS = 100_000  # the probe is stopped long before
 PROBE_WINDOWS = 4
-MIN_STEPS = 12
+MIN_STEPS = 4
 WINDOWS = 6
 MAX_STRETCH = 4.0
 RUNS_PER_BUDGET = 30
@@ -60,10 +62,12 @@ def wall_per_step(windows: Sequence[WindowFigure]) -> float | None:
 
 
 def probe_done(windows: Sequence[WindowFigure], run_s: float) -> bool:
-    """Whether a probe has enough windows (and seconds of them) to be stopped."""
-    if len(windows) < PROBE_WINDOWS:
-        return False
-    return windows[-1].time - windows[0].time >= run_s / 2
+    """Whether a probe has enough windows (and seconds of them) to be stopped: PROBE_WINDOWS
+    spanning half a run, or (slow steps: long windows) three spanning a whole run."""
+    span = windows[-1].time - windows[0].time if windows else 0.0
+    if len(windows) >= PROBE_WINDOWS:
+        return span >= run_s / 2
+    return len(windows) >= 3 and span >= run_s
 
 
 def size(seconds_per_step: float, run_s: float, stretch: float = 1.0) -> RunSize:
