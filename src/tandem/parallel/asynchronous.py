@@ -41,9 +41,9 @@ from tandem.monitor.catalogue import (
     COMM_PULL_WAIT,
 )
 from tandem.parallel.async_log import StalenessLog
+from tandem.parallel.flat_state import assign, cloned, flat, overlay
 from tandem.parallel.registry import ASYNC, StrategyInfo
 from tandem.parallel.strategy import Strategy
-from tandem.parallel.streaming import _assign, _cloned, _flat, _overlay
 
 
 class AsyncStrategy(Strategy):
@@ -64,7 +64,7 @@ class AsyncStrategy(Strategy):
         dist.broadcast_object_list(token, src=0)  # this run's keys, apart from any other's
         store = dist.PrefixStore(f"tandem-async/{token[0]}/",
                                  dist.distributed_c10d._get_default_store())
-        outer = _flat(self.tensors)
+        outer = flat(self.tensors)
         self.log = StalenessLog(store, self.rank, self.world, plan.staleness, outer,
                                 plan.outer_lr, plan.outer_momentum, plan.timeout_s)
         self.claims = SliceClaims(store, self.rank, self.world,
@@ -118,7 +118,7 @@ class AsyncStrategy(Strategy):
 
     def _push(self) -> bool:
         assert self.log is not None
-        delta = self.start - _flat(self.tensors)
+        delta = self.start - flat(self.tensors)
         seq = self.log.try_push(delta)
         if seq is None:
             return False
@@ -133,7 +133,7 @@ class AsyncStrategy(Strategy):
     def _restart(self) -> None:
         assert self.log is not None
         self.start.copy_(self.log.outer)
-        _assign(self.start, self.tensors)
+        assign(self.start, self.tensors)
         self.pushed = None
 
     def finish(self) -> None:
@@ -141,7 +141,7 @@ class AsyncStrategy(Strategy):
         replica takes the outer model. All ranks."""
         assert self.log is not None
         if self.pushed is None and self.inner:
-            self.log.push_when_free(self.start - _flat(self.tensors))  # others may need
+            self.log.push_when_free(self.start - flat(self.tensors))  # others may need
             self.pushes += 1  # their places first
         self.log.leave()
         dist.barrier()
@@ -156,12 +156,12 @@ class AsyncStrategy(Strategy):
         """Evaluate the outer model (every complete outer step), not this replica."""
         assert self.log is not None
         self.log.replay(self.log.counted() // self.world)
-        own = _flat(self.tensors)
-        _assign(self.log.outer, self.tensors)
+        own = flat(self.tensors)
+        assign(self.log.outer, self.tensors)
         try:
             yield
         finally:
-            _assign(own, self.tensors)
+            assign(own, self.tensors)
 
     def window_figures(self, steps: int, micro_batches: int) -> dict[str, Any]:
         """Per worker: local steps, pushes (and those pushed early), the wait to pull and
@@ -194,7 +194,7 @@ class AsyncStrategy(Strategy):
         # Tensors: a checkpoint keeps one rank's plain values, but every rank's tensors.
         round_ = torch.tensor([self.log.version, self.inner,
                                -1 if self.pushed is None else self.pushed])
-        replica = _cloned({"weights": dict(enumerate(self.tensors)), "start": self.start,
+        replica = cloned({"weights": dict(enumerate(self.tensors)), "start": self.start,
                            "round": round_, **held})
         return {"outer": self.log.outer, "velocity": self.log.velocity,
                 "applied": self.log.applied, "log": self.log.in_flight(),
@@ -218,13 +218,13 @@ class AsyncStrategy(Strategy):
             for i, t in enumerate(self.tensors):
                 t.copy_(replica["weights"][str(i)])
         for name, held in self.per_replica.items():
-            held.load_state_dict(_overlay(state["replica0"].get(name), replica.get(name)))
+            held.load_state_dict(overlay(state["replica0"].get(name), replica.get(name)))
         dist.barrier()  # the store holds the log again before anyone reads it
 
     def fresh_start(self) -> None:
         """Resumed from another plan's checkpoint: the outer model is its weights."""
         assert self.log is not None
-        self.log.outer.copy_(_flat(self.tensors))
+        self.log.outer.copy_(flat(self.tensors))
         self.log.velocity.zero_()
         self.start.copy_(self.log.outer)
 

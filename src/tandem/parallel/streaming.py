@@ -49,6 +49,7 @@ from tandem.monitor.catalogue import (
     COMM_OVERLAP,
     COMM_PEAK_BYTES_PER_SYNC,
 )
+from tandem.parallel.flat_state import assign, cloned, flat, overlay
 from tandem.parallel.outer_sum import Sum, start_sum
 from tandem.parallel.registry import STREAMING_DILOCO, StrategyInfo
 from tandem.parallel.strategy import Strategy
@@ -69,17 +70,6 @@ def slices(sizes: list[int], parts: int) -> list[list[tuple[int, int, int]]]:
                      for i, (a, b) in enumerate(itertools.pairwise(offsets))
                      if max(a, lo) < min(b, hi)])
     return runs
-
-
-def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1).float() for t in tensors])
-
-
-def _assign(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    with torch.no_grad():
-        for t, part in zip(tensors, torch.split(flat, [t.numel() for t in tensors]),
-                           strict=True):
-            t.copy_(part.view_as(t))
 
 
 @dataclass
@@ -131,7 +121,7 @@ class StreamingSync:
         self.fragments = []
         for p, run in enumerate(slices([t.numel() for t in tensors], fragments)):
             views = [tensors[i].detach().view(-1)[a:b] for i, a, b in run]
-            outer = _flat(views)
+            outer = flat(views)
             self.fragments.append(Fragment(
                 views, p * every // fragments, outer, torch.zeros_like(outer),
                 torch.zeros_like(outer), [v.numel() for v in views]))
@@ -179,7 +169,7 @@ class StreamingSync:
 
     def _start(self, p: int, step: int) -> None:
         f = self.fragments[p]
-        torch.sub(f.outer, _flat(f.tensors), out=f.inbox)  # the pseudo-gradient
+        torch.sub(f.outer, flat(f.tensors), out=f.inbox)  # the pseudo-gradient
         summed = start_sum(f.inbox, f.sizes, self.outer_dtype, self.group)
         self.in_flight[p] = InFlight(step + self.overlap, summed, time.perf_counter())
         self.sent += summed.bytes_sent
@@ -198,9 +188,9 @@ class StreamingSync:
         f.velocity.mul_(self.outer_momentum).add_(pseudo_grad)
         f.outer.sub_(self.outer_lr * (pseudo_grad + self.outer_momentum * f.velocity))
         if replace:
-            _assign(f.outer, f.tensors)
+            assign(f.outer, f.tensors)
         else:
-            _assign(torch.lerp(f.outer, _flat(f.tensors), self.alpha), f.tensors)
+            assign(torch.lerp(f.outer, flat(f.tensors), self.alpha), f.tensors)
         f.replaced = replace
 
     def take_figures(self, steps: int) -> dict[str, float]:
@@ -221,7 +211,7 @@ class StreamingSync:
         """Outer parameters from the weights now held (the same on every rank), momentum
         zero, nothing in flight."""
         for f in self.fragments:
-            f.outer.copy_(_flat(f.tensors))
+            f.outer.copy_(flat(f.tensors))
             f.velocity.zero_()
             f.replaced = True
         self.in_flight.clear()
@@ -238,7 +228,7 @@ class StreamingSync:
         # Copies: the run's own model and optimizer sections hold the same tensors, and a
         # load into one storage from two sections would keep whichever came last.
         held = {name: state.state_dict() for name, state in self.per_replica.items()}
-        replica = _cloned({"weights": dict(enumerate(self.tensors)), **held})
+        replica = cloned({"weights": dict(enumerate(self.tensors)), **held})
         return {"fragments": frags, f"replica{self.rank}": replica,
                 "due": {str(p): job.due for p, job in self.in_flight.items()},
                 "replaced": [f.replaced for f in self.fragments], "world": self.world}
@@ -261,29 +251,10 @@ class StreamingSync:
         for name, held in self.per_replica.items():
             # The checkpoint's plain values (JSON) are the first rank's; the ranks share
             # their layout (the same parameter groups): this rank's tensors go over them.
-            held.load_state_dict(_overlay(state["replica0"].get(name), replica.get(name)))
+            held.load_state_dict(overlay(state["replica0"].get(name), replica.get(name)))
         now = time.perf_counter()
         self.in_flight = {int(p): InFlight(int(due), None, now, now)
                           for p, due in state["due"].items()}
-
-
-def _cloned(tree: Any) -> Any:
-    """`tree` with every tensor copied (and int keys as strings)."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().clone()
-    if isinstance(tree, dict):
-        return {str(k): _cloned(v) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return type(tree)(_cloned(v) for v in tree)
-    return tree
-
-
-def _overlay(plain: Any, own: Any) -> Any:
-    """`own` (this rank's loaded tensors, or its whole state) with the values of `plain`
-    (the first rank's) filled in where `own` has none."""
-    if isinstance(plain, dict) and isinstance(own, dict):
-        return {**plain, **{k: _overlay(plain.get(k), v) for k, v in own.items()}}
-    return plain if own is None else own
 
 
 class StreamingDiLoCoStrategy(Strategy):
