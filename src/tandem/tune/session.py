@@ -178,6 +178,9 @@ class Tuner:
                 store.finish_run(self.session, status, summary)
 
     def _tune(self) -> TuneResult:
+        # Each run's timeout is capped by the budget left, never below a run's worth
+        self.runner.deadline = self.started + self.s.budget_s
+        self.runner.min_timeout_s = runsize.min_timeout(self.run_s)
         self.job = self.runner.resolve()
         if self.job.get("monitor.log_every"):
             self.runner.job_log_every = int(self.job["monitor.log_every"])
@@ -280,11 +283,15 @@ class Tuner:
         why = ("--max-trials reached" if self.trials >= self.s.max_trials
                else "no budget left for a pair")
         for cand in queue:
-            self.unreached.append(cand)
-            self._record(cand.label, "candidate", "not-reached", cand.changes,
-                         {"reason": cand.reason, "predicted": cand.predicted,
-                          "family": cand.family},
-                         f"never tried ({why}); {predicted_text(cand.predicted)}")
+            self._not_reached(cand, why)
+
+    def _not_reached(self, cand: Candidate, why: str, figures: Mapping[str, Any] = {}
+                     ) -> None:
+        self.unreached.append(cand)
+        self._record(cand.label, "candidate", "not-reached", cand.changes,
+                     {**figures, "reason": cand.reason, "predicted": cand.predicted,
+                      "family": cand.family},
+                     f"never tried ({why}); {predicted_text(cand.predicted)}")
 
     def _budget_left(self) -> bool:
         return self.trials < self.s.max_trials and self._can_afford(2)
@@ -379,6 +386,10 @@ class Tuner:
             figures["guard"] = guard_verdict.as_dict()
         ev = f"{predicted_text(cand.predicted)}, measured {evidence_text(figures)}"
         floor = f"{self.bench.floor(arm.figure):.3g}"
+        if error and arm.failure is not None and arm.failure.budget_cut:
+            self._not_reached(cand, f"the budget ran out during its pair: {error}",
+                              {**figures, "error": error})
+            return False
         if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
                          {**figures, "error": error}, f"a run failed: {error}")
