@@ -20,7 +20,9 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    measured candidates carry one), then each diagnosed family after its control
    experiment (`controls.py`): a refuted family, or one whose control cannot gain
    1 + min_gain, is skipped (a mixture's other shares, `mixing.py`, are judged by the
-   time to every task's target). Each candidate is an arm against the current plan, in
+   time to every task's target); where nothing is proposed, the plan's priced
+   neighbours (`explore.py`), so that a well-configured job's "nothing" is a verdict.
+   Each candidate is an arm against the current plan, in
    pairs of runs with alternating order, judged after each pair by a sequential test
    (`stats.judge`): it wins (lower bound at the look's confidence over the floor, from
    its first pair on: an effect that dwarfs the noise is decided at once), stops (upper
@@ -57,7 +59,7 @@ from typing import Any
 from tandem.analyze.diagnosis.diagnose import Finding, diagnose_run
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
-from tandem.tune import controls, guard, mixing, runsize, sizing, smells, space
+from tandem.tune import controls, explore, guard, mixing, runsize, sizing, smells, space
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.measure import Measured, measured_from
@@ -193,7 +195,8 @@ class Tuner:
         self._measure(a0)
         self._placebo(a0)
         queue = list(self.extra) + self._proposals()
-        self._drain(queue)
+        assert self.measured is not None  # nothing proposed: the nearest neighbours
+        self._drain(queue or explore.near_misses(self.measured, {**self.job}))
         return self._result()
 
     def _measure(self, outcome: RunOutcome) -> None:
