@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import tandem
-from tandem.compress import lowrank, prune, quant
+from tandem.compress import lowrank, measure, prune, quant
 from tests.dist import toy_task
 
 
@@ -235,3 +235,4 @@ def test_the_int8_linear_layers_run_on_fbgemm_kernels_and_export_as_their_emulat
         torch.testing.assert_close(twin(data), fast, rtol=1e-4, atol=1e-5)
     program = torch.export.export(twin, (data,))
     torch.testing.assert_close(program.module()(data), fast, rtol=1e-4, atol=1e-5)
+    assert measure.weights(model) == 4 * 3 + 4 + 48 * 32 + 32 + 32 * 5 + 5

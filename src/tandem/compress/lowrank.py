@@ -6,8 +6,9 @@ then a pointwise ConvNd(r -> out). With W = U S V^T, the first factor is sqrt(S)
 the second U sqrt(S), so the pair reproduces the best rank-r approximation of W
 (Eckart-Young). The rank is chosen per layer by the singular-value energy kept
 (`energy`: sum of the kept S^2 over the total) or by the share of the layer's weights
-the pair may hold (`params`); a layer is left whole when the pair would not be smaller, or when its weight
-is tied to another module's (an output layer sharing its embedding's matrix).
+the pair may hold (`params`); a layer is left whole when the pair would not be smaller,
+or when its weight is tied to another module's (an output layer sharing its embedding's
+matrix).
 """
 
 from __future__ import annotations

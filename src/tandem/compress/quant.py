@@ -248,13 +248,14 @@ def _kernel(layer: Int8Layer) -> nn.Module:
 def kernels(model: nn.Module) -> list[str]:
     """Replace, in place, each converted int8 Linear (per-channel int8 weights) by fbgemm's
     dynamic int8 Linear with the same weights and scales; the names replaced. Its input is
-    quantised per call from its own range, not the calibrated one."""
+    quantised per call from its own range (7 bits), not the calibrated one."""
     if "x86" in torch.backends.quantized.supported_engines:
         torch.backends.quantized.engine = "x86"
     return _swap(model, (Int8Layer,), _kernel, [
         n for n, m in model.named_modules() if isinstance(m, Int8Layer) and not (
-            m.kind is nn.Linear and m.group == m.shape[1] and int(m.weight_int8.abs().max())
-            <= WEIGHT_MAX and (m.quantise_input or m.dynamic))])
+            m.kind is nn.Linear and m.group == m.shape[1]
+            and int(m.weight_int8.abs().max()) <= WEIGHT_MAX
+            and (m.quantise_input or m.dynamic))])
 
 
 def _emulation(kernel: nn.Module) -> Int8Layer:
