@@ -14,6 +14,7 @@ from tandem.faults import FaultPlan
 from tandem.finetune.freeze import Freeze, parse_patterns
 from tandem.finetune.init_from import InitFrom
 from tandem.finetune.lora import LoRA
+from tandem.finetune.peft_model import PeftAdapters
 from tandem.runtime import Runtime
 from tandem.task import Task
 
@@ -24,7 +25,7 @@ def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
     weight average, the record of each source's loss of a mixture, the teacher (before an
     injected fault scales the loss), then liveness before fault injection (a rank killed
     by a fault is last seen where it was killed)."""
-    out: list[Component] = []
+    out: list[Component] = [PeftAdapters(config.train.lora_rank)]  # a user's PeftModel
     if config.train.freeze:
         out.append(Freeze(parse_patterns(config.train.freeze)))
     if config.train.lora_rank:

@@ -12,7 +12,9 @@ The source is one of:
   as DCP joined them: `app.model.0.weight`); DCP reshards it like a tandem checkpoint;
 - a safetensors file, or a folder of them (a sharded `model.safetensors.index.json`
   included): tensors are opened lazily, one key at a time, and only those the model
-  has are read; each rank reads the full tensors and keeps its shard.
+  has are read; each rank reads only the block of each tensor it holds (its FSDP2 or
+  tensor-parallel shard, `finetune.shard_read`), so no rank holds a full copy of a
+  sharded model; a plain (one-process, DDP) model reads whole tensors.
 
 `Task.map_weights` (name -> the model's name, or None to drop the key) renames the
 source's keys first, so weights saved under another library's names load. The loaded keys
@@ -165,6 +167,7 @@ class InitFrom(Component):
         self.map_weights = map_weights
         self.kind = kind_of(self.source, field)  # checked at once: before the model is built
         self.loaded: list[str] = []
+        self.bytes_read = 0  # from a safetensors source, by this rank
 
     def setup(self, parts: RunParts) -> None:
         """Load the weights into the distributed model (every rank)."""
@@ -202,20 +205,16 @@ class InitFrom(Component):
                     source_shapes[name] = list(f.get_slice(name).get_shape())
 
         def read(module: nn.Module, own: dict[str, Any], pairs: dict[str, str]) -> None:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                set_model_state_dict,
-            )
+            from tandem.finetune.shard_read import read_into
 
             model_name = {key: name for name, key in pairs.items()}
-            tensors: dict[str, torch.Tensor] = {}
+            self.bytes_read = 0
             for file, keys in by_file.items():
                 with safe_open(str(file), framework="pt") as f:
                     for key in keys:
-                        if key in model_name:
-                            tensors[model_name[key]] = f.get_tensor(key)
-            set_model_state_dict(module, tensors, options=StateDictOptions(
-                full_state_dict=True, strict=False))
+                        if key in model_name:  # this rank's block of it only
+                            self.bytes_read += read_into(f, key, own[model_name[key]])
+            _set(module, {k: own[k] for k in pairs})
 
         return self.source, source_shapes, read
 

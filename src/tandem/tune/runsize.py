@@ -18,6 +18,8 @@ budget on each run of its baseline and placebo, and leaves nothing for candidate
   predicted share more steps (at most MAX_STRETCH times), so that its run also lasts
   about run_s and measures it over enough windows (more windows of the unstretched
   run's size, so that its losses are logged at its reference's steps).
+* **Timeouts.** A run's timeout is capped by the session's budget left, never below
+  `min_timeout` (`TrialRunner.limit`).
 * **run_s** is the user's `--run-seconds`, else `auto_run_seconds(budget)`: a
   RUNS_PER_BUDGET-th of the budget, within [MIN_RUN_S, MAX_RUN_S].
 """
@@ -38,6 +40,14 @@ MAX_STRETCH = 4.0
 RUNS_PER_BUDGET = 30
 MIN_RUN_S = 4.0
 MAX_RUN_S = 30.0
+MIN_TIMEOUT_S = 45.0  # a cold start of 2 processes under load, and a run's windows
+
+
+def min_timeout(run_s: float) -> float:
+    """The least a trial run's timeout is capped to by the budget left: a cold start
+    (MIN_TIMEOUT_S covers one) and three times the run's seconds, so a run that starts
+    with little budget left can still finish (the session ends at most that late)."""
+    return max(MIN_TIMEOUT_S, 3 * run_s)
 
 
 @dataclass(frozen=True)

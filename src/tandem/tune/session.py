@@ -20,7 +20,9 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    measured candidates carry one), then each diagnosed family after its control
    experiment (`controls.py`): a refuted family, or one whose control cannot gain
    1 + min_gain, is skipped (a mixture's other shares, `mixing.py`, are judged by the
-   time to every task's target). Each candidate is an arm against the current plan, in
+   time to every task's target); where nothing is proposed, the plan's priced
+   neighbours (`explore.py`), so that a well-configured job's "nothing" is a verdict.
+   Each candidate is an arm against the current plan, in
    pairs of runs with alternating order, judged after each pair by a sequential test
    (`stats.judge`): it wins (lower bound at the look's confidence over the floor, from
    its first pair on: an effect that dwarfs the noise is decided at once), stops (upper
@@ -57,7 +59,7 @@ from typing import Any
 from tandem.analyze.diagnosis.diagnose import Finding, diagnose_run
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
-from tandem.tune import controls, guard, mixing, runsize, sizing, smells, space
+from tandem.tune import controls, explore, guard, mixing, runsize, sizing, smells, space
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.measure import Measured, measured_from
@@ -178,6 +180,9 @@ class Tuner:
                 store.finish_run(self.session, status, summary)
 
     def _tune(self) -> TuneResult:
+        # Each run's timeout is capped by the budget left, never below a run's worth
+        self.runner.deadline = self.started + self.s.budget_s
+        self.runner.min_timeout_s = runsize.min_timeout(self.run_s)
         self.job = self.runner.resolve()
         if self.job.get("monitor.log_every"):
             self.runner.job_log_every = int(self.job["monitor.log_every"])
@@ -190,7 +195,8 @@ class Tuner:
         self._measure(a0)
         self._placebo(a0)
         queue = list(self.extra) + self._proposals()
-        self._drain(queue)
+        assert self.measured is not None  # nothing proposed: the nearest neighbours
+        self._drain(queue or explore.near_misses(self.measured, {**self.job}))
         return self._result()
 
     def _measure(self, outcome: RunOutcome) -> None:
@@ -280,11 +286,15 @@ class Tuner:
         why = ("--max-trials reached" if self.trials >= self.s.max_trials
                else "no budget left for a pair")
         for cand in queue:
-            self.unreached.append(cand)
-            self._record(cand.label, "candidate", "not-reached", cand.changes,
-                         {"reason": cand.reason, "predicted": cand.predicted,
-                          "family": cand.family},
-                         f"never tried ({why}); {predicted_text(cand.predicted)}")
+            self._not_reached(cand, why)
+
+    def _not_reached(self, cand: Candidate, why: str, figures: Mapping[str, Any] = {}
+                     ) -> None:
+        self.unreached.append(cand)
+        self._record(cand.label, "candidate", "not-reached", cand.changes,
+                     {**figures, "reason": cand.reason, "predicted": cand.predicted,
+                      "family": cand.family},
+                     f"never tried ({why}); {predicted_text(cand.predicted)}")
 
     def _budget_left(self) -> bool:
         return self.trials < self.s.max_trials and self._can_afford(2)
@@ -379,6 +389,10 @@ class Tuner:
             figures["guard"] = guard_verdict.as_dict()
         ev = f"{predicted_text(cand.predicted)}, measured {evidence_text(figures)}"
         floor = f"{self.bench.floor(arm.figure):.3g}"
+        if error and arm.failure is not None and arm.failure.budget_cut:
+            self._not_reached(cand, f"the budget ran out during its pair: {error}",
+                              {**figures, "error": error})
+            return False
         if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
                          {**figures, "error": error}, f"a run failed: {error}")
