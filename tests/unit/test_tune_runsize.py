@@ -95,3 +95,10 @@ def test_a_runs_timeout_is_capped_by_the_budget_left_never_below_a_runs_worth(
     assert proc.poll() is not None and code is None and not stopped
     assert time.monotonic() - started < 30.0
     assert error.startswith("timed out after 0 s") and "capped" in error, error
+
+
+def test_the_last_candidate_gets_the_pairs_the_budget_left_affords_within_bounds() -> None:
+    assert runsize.last_pairs(200.0, 10.0, 4) == runsize.MAX_LAST_PAIRS  # 10 affordable
+    assert runsize.last_pairs(130.0, 10.0, 4) == 6  # 130 s: six pairs of 2 x 10 s
+    assert runsize.last_pairs(30.0, 10.0, 4) == 4  # never fewer than --max-pairs
+    assert runsize.last_pairs(30.0, 0.0, 4) == 4

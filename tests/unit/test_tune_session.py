@@ -238,3 +238,20 @@ def test_a_run_the_budget_cannot_finish_is_cut_there_and_its_candidate_never_rea
     assert "budget ran out during its pair" in slow.decision and "timed out" in slow.decision
     assert {c.label for c in tuner.unreached} == {"x.slow=1", "x.next=1"}
     assert tuner.incumbent == {}
+
+
+def test_the_last_candidate_takes_the_pairs_the_budget_left_affords(tmp_path: Path) -> None:
+    # A 1.06x effect under 4% noise is not decided in --max-pairs 4 pairs; the only
+    # candidate may use what the budget leaves (up to MAX_LAST_PAIRS), where a candidate
+    # with another behind it stops at 4.
+    from tandem.tune.runsize import MAX_LAST_PAIRS
+
+    alone, _ = _session(tmp_path / "a", {("x.small", 1): 1.06}, [_cand("x.small", 1, 1.5)],
+                        noise=0.04, max_pairs=4, budget_s=600.0, run_s=4.0)
+    first, _ = _session(tmp_path / "b", {("x.small", 1): 1.06},
+                        [_cand("x.small", 1, 1.5), _cand("x.other", 1, 1.2)],
+                        noise=0.04, max_pairs=4, budget_s=600.0, run_s=4.0)
+    pairs = {t: len(next(a for a in t.bench.arms if a.label == "x.small=1").pairs)
+             for t in (alone, first)}
+    assert pairs[first] <= 4
+    assert 4 < pairs[alone] <= MAX_LAST_PAIRS
