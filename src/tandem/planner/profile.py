@@ -129,6 +129,7 @@ def profile(build: Callable[[], nn.Module], batch: Any, samples: int,
     current: list[str] = []
     last = [order[0]] if order else [""]  # where saved tensors outside any unit go
     seen: dict[int, torch.Tensor] = {}  # saved storages by their base's id (held)
+    kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (unit, tensor, its base)
 
     def enter(name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
@@ -151,12 +152,7 @@ def profile(build: Callable[[], nn.Module], batch: Any, samples: int,
         if id(base) not in seen and id(base) not in owned:
             seen[id(base)] = base
             # Outside every unit (the root's own ops, the loss): the unit that ran last.
-            where = current[-1] if current else last[0]
-            saved[where] += base.numel() * 4.0  # as fp32
-            if split.split(t):
-                tp_saved[where] += base.numel() * 4.0
-            big = largest[where]
-            big[split.split(t)] = max(big[split.split(t)], base.numel() * 4.0)
+            kept.append((current[-1] if current else last[0], t, base))
         return t
 
     def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
@@ -201,6 +197,13 @@ def profile(build: Callable[[], nn.Module], batch: Any, samples: int,
         torch.nn.functional.scaled_dot_product_attention = fused
         for h in handles:
             h.remove()
+    # Split or whole is known once the forward is done (an op's output is marked after
+    # the op, which may have saved it already).
+    for where, t, base in kept:
+        size, cut = base.numel() * 4.0, split.split(t)  # as fp32
+        saved[where] += size
+        tp_saved[where] += size if cut else 0.0
+        largest[where][cut] = max(largest[where][cut], size)
     per = 1.0 / samples
     out = tuple(Unit(n, params[n], flops[n] * per, saved[n] * per, n in blocks,
                      tp_saved[n] * per, largest[n][0] * per, largest[n][1] * per)
