@@ -173,14 +173,31 @@ def run_well(sessions: int, root: Path, ns: argparse.Namespace) -> list[dict]:
         name = names[i % len(names)]
         print(f"\n== well-configured session {i + 1}/{sessions}: {name}", flush=True)
         session = tune(JOBS[name], root / f"well-{i}-{name}", ns, ns.well_budget)
+        summary = session.get("summary") or {}
         rows.append({"job": name, "session": session.get("session"),
                      "plan": session.get("plan"), "error": session.get("error"),
-                     "wall_s": session.get("wall_s"),
-                     "runs": (session.get("summary") or {}).get("runs"),
-                     "noise": (session.get("summary") or {}).get("noise")})
+                     "wall_s": session.get("wall_s"), "runs": summary.get("runs"),
+                     "trials": summary.get("trials"), "tried": tried(session),
+                     "load": os.getloadavg()[0], "noise": summary.get("noise")})
         print(json.dumps(rows[-1], default=str)[:1200], flush=True)
         (root / "well.json").write_text(json.dumps(rows, indent=1, default=str))
     return rows
+
+
+def tried(session: dict[str, Any]) -> list[str]:
+    """The candidates a session ran pairs of: 'label: status (measured ratio)'."""
+    if not session.get("store") or not session.get("session"):
+        return []
+    with RunStore(Path(session["store"])) as db:
+        trials = db.trials(session["session"])
+    out = []
+    for t in trials:
+        fig = t.get("figures") or {}
+        if fig.get("kind") in ("candidate", "control") and t["status"] != "not-reached":
+            ratio = (fig.get("ratio") or {}).get("estimate")
+            out.append(f"{fig.get('label')}: {t['status']}"
+                       + (f" ({ratio:.3g}x)" if ratio else ""))
+    return out
 
 
 def report(rows: list[dict], well: list[dict]) -> None:
@@ -203,8 +220,9 @@ def report(rows: list[dict], well: list[dict]) -> None:
             noise = w.get("noise") or {}
             print(f"  {w['job']}: {w.get('plan') or 'kept'}; placebo "
                   f"{_iv(noise.get('placebo'))}, {w.get('runs')} runs, "
-                  f"{(w.get('wall_s') or 0):.0f} s" + (f"; ERROR {w['error'][-200:]}"
-                                                       if w.get("error") else ""))
+                  f"{(w.get('wall_s') or 0):.0f} s, load {w.get('load', 0):.1f}; tried: "
+                  f"{'; '.join(w.get('tried') or []) or 'nothing'}"
+                  + (f"; ERROR {w['error'][-200:]}" if w.get("error") else ""))
 
 
 def main() -> None:
@@ -220,6 +238,8 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--pairs", type=int, default=4, help="side-by-side pairs")
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    parser.add_argument("--busy-core", action="store_true",
+                        help="keep one core busy with a spinning process throughout")
     ns = parser.parse_args()
     root = Path(ns.dir or tempfile.mkdtemp(prefix="tandem-misconfigured-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -229,8 +249,15 @@ def main() -> None:
                if n not in JOBS]
     if unknown:
         raise SystemExit(f"unknown job(s) {unknown}; known: {', '.join(JOBS)}")
-    rows = run_misconfigured(names, root, ns)
-    well = run_well(ns.well_sessions, root, ns)
+    busy = (subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            if ns.busy_core else None)
+    try:
+        rows = run_misconfigured(names, root, ns)
+        well = run_well(ns.well_sessions, root, ns)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
     report(rows, well)
     print(f"\nload average at the end {os.getloadavg()}")
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from misconfigured import Job, side_by_side, tune  # noqa: E402
+from misconfigured import Job, side_by_side, tried, tune  # noqa: E402
 
 from tandem.monitor.store import RunStore  # noqa: E402
 
@@ -72,10 +72,12 @@ def decided_at(store: str, session: str) -> float | None:
 def one(name: str, root: Path, ns: argparse.Namespace) -> dict[str, Any]:
     """Tune one job and re-measure its adopted plan side by side."""
     job = JOBS[name]
-    print(f"\n== {name}: {job.what} (load average {os.getloadavg()[0]:.1f})", flush=True)
+    load = os.getloadavg()[0]
+    print(f"\n== {name}: {job.what} (load average {load:.1f})", flush=True)
     tuned = tune(job, root / name, argparse.Namespace(max_trials=ns.max_trials, steps=0,
                                                       log_every=5), ns.budget)
-    row: dict[str, Any] = {"job": name, "what": job.what, **tuned}
+    row: dict[str, Any] = {"job": name, "what": job.what, **tuned,
+                           "load": [load, os.getloadavg()[0]]}
     if "error" in tuned:
         return row
     summary = tuned.get("summary") or {}
@@ -83,6 +85,7 @@ def one(name: str, root: Path, ns: argparse.Namespace) -> dict[str, Any]:
     row["unreached"] = summary.get("unreached")
     row["decided_s"] = decided_at(tuned["store"], tuned["session"])
     row["startup"] = summary.get("startup")  # what the runs' start-ups cost the session
+    row["tried"] = tried(tuned)
     if tuned["plan"]:
         row["side"] = side_by_side(job, tuned["plan"], root / name, argparse.Namespace(
             pairs=ns.pairs, steps=ns.side_steps, log_every=ns.side_steps // 8))

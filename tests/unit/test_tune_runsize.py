@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 from tandem.tune import runsize
 from tandem.tune.stats import WindowFigure
+from tandem.tune.trial import TrialRunner
 
 
 def _windows(seconds_per_step: float, steps_per_window: int, n: int) -> list[WindowFigure]:
@@ -71,3 +75,30 @@ def test_a_very_slow_step_still_gets_a_run_of_about_run_seconds() -> None:
     sized = runsize.size(2.5, 10.0)
     assert (sized.steps, sized.log_every) == (4, 1)
     assert runsize.size(20.0, 10.0).steps == runsize.MIN_STEPS == 4
+
+
+def test_a_runs_timeout_is_capped_by_the_budget_left_never_below_a_runs_worth(
+        tmp_path: Path) -> None:
+    runner = TrialRunner("job.py", [], 1, tmp_path, tmp_path / "runs.db", timeout_s=300.0)
+    assert runner.limit(100.0) == (300.0, False)  # no session deadline: the flag's
+    runner.deadline, runner.min_timeout_s = 1000.0, runsize.min_timeout(10.0)
+    assert runsize.min_timeout(10.0) == runsize.MIN_TIMEOUT_S
+    assert runsize.min_timeout(30.0) == 90.0  # three runs' worth of a long run
+    assert runner.limit(100.0) == (300.0, False)  # plenty left: the flag's timeout
+    assert runner.limit(800.0) == (200.0, True)  # 200 s left
+    assert runner.limit(990.0) == (runsize.MIN_TIMEOUT_S, True)  # never below the floor
+    assert runner.limit(2000.0) == (runsize.MIN_TIMEOUT_S, True)  # past the deadline
+    # a real process is killed at the capped timeout, and the error says why
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    started = time.monotonic()
+    code, error, stopped = runner._wait(proc, started, None, 0.5, True)
+    assert proc.poll() is not None and code is None and not stopped
+    assert time.monotonic() - started < 30.0
+    assert error.startswith("timed out after 0 s") and "capped" in error, error
+
+
+def test_the_last_candidate_gets_the_pairs_the_budget_left_affords_within_bounds() -> None:
+    assert runsize.last_pairs(200.0, 10.0, 4) == runsize.MAX_LAST_PAIRS  # 10 affordable
+    assert runsize.last_pairs(130.0, 10.0, 4) == 6  # 130 s: six pairs of 2 x 10 s
+    assert runsize.last_pairs(30.0, 10.0, 4) == 4  # never fewer than --max-pairs
+    assert runsize.last_pairs(30.0, 0.0, 4) == 4

@@ -61,6 +61,7 @@ class SimRunner(TrialRunner):
             section, _, field = key.partition(".")
             config.setdefault(section, {})[field] = value
         started = self.now
+        timeout, capped = self.limit(started)  # the real runner's timeout, on this clock
         rate = self.rate(changes) * math.exp(self.rng.gauss(0.0, self.noise))
         per_step = BATCH / rate
         self.now += START_S
@@ -68,6 +69,12 @@ class SimRunner(TrialRunner):
             store.start_run(name, name, config, dict(changes), {}, kind="trial")
         stopped = False
         for end in range(log_every, steps + 1, log_every):
+            if self.now + per_step * log_every > started + timeout:  # killed there
+                self.now = started + timeout
+                out = self.read(name)
+                out.ok, out.error = False, f"timed out after {timeout:.0f} s (killed)"
+                out.wall_s, out.budget_cut = timeout, capped
+                return out
             self.now += per_step * log_every
             with RunStore(self.store_path) as store:
                 store.log_metrics(name, [
@@ -212,3 +219,39 @@ def test_every_run_lasts_its_run_seconds_after_a_10x_adoption(tmp_path: Path) ->
     for run in runs:
         # the first window of each size is a partial one: at most a window more (1/6)
         assert run.wall_s - START_S <= 5.0 * (1 + 1 / 6) * 1.3, (run.name, run.wall_s)
+
+
+def test_a_run_the_budget_cannot_finish_is_cut_there_and_its_candidate_never_reached(
+        tmp_path: Path) -> None:
+    # The first candidate is 50 times slower than predicted: its runs would last far
+    # longer than the 300-s trial timeout. Its timeout is capped by the budget left, so
+    # the session ends on time, and the candidate is recorded as never reached (the
+    # budget ran out), not as a failed change; the next one was never reached either.
+    extra = [_cand("x.slow", 1, 2.0), _cand("x.next", 1, 1.5)]
+    tuner, runner = _session(tmp_path, {("x.slow", 1): 0.02}, extra, budget_s=200.0,
+                             run_s=5.0)
+    assert runner.deadline == pytest.approx(200.0)
+    assert runner.now <= 200.0 + 1e-6  # without the cap: a 300-s timeout past the budget
+    status = _by_label(tuner)
+    assert status["x.slow=1"] == status["x.next=1"] == "not-reached"
+    slow = next(r for r in tuner.records if r.label == "x.slow=1")
+    assert "budget ran out during its pair" in slow.decision and "timed out" in slow.decision
+    assert {c.label for c in tuner.unreached} == {"x.slow=1", "x.next=1"}
+    assert tuner.incumbent == {}
+
+
+def test_the_last_candidate_takes_the_pairs_the_budget_left_affords(tmp_path: Path) -> None:
+    # A 1.06x effect under 4% noise is not decided in --max-pairs 4 pairs; the only
+    # candidate may use what the budget leaves (up to MAX_LAST_PAIRS), where a candidate
+    # with another behind it stops at 4.
+    from tandem.tune.runsize import MAX_LAST_PAIRS
+
+    alone, _ = _session(tmp_path / "a", {("x.small", 1): 1.06}, [_cand("x.small", 1, 1.5)],
+                        noise=0.04, max_pairs=4, budget_s=600.0, run_s=4.0)
+    first, _ = _session(tmp_path / "b", {("x.small", 1): 1.06},
+                        [_cand("x.small", 1, 1.5), _cand("x.other", 1, 1.2)],
+                        noise=0.04, max_pairs=4, budget_s=600.0, run_s=4.0)
+    pairs = {t: len(next(a for a in t.bench.arms if a.label == "x.small=1").pairs)
+             for t in (alone, first)}
+    assert pairs[first] <= 4
+    assert 4 < pairs[alone] <= MAX_LAST_PAIRS

@@ -12,7 +12,9 @@ The source is one of:
   as DCP joined them: `app.model.0.weight`); DCP reshards it like a tandem checkpoint;
 - a safetensors file, or a folder of them (a sharded `model.safetensors.index.json`
   included): tensors are opened lazily, one key at a time, and only those the model
-  has are read; each rank reads the full tensors and keeps its shard.
+  has are read; each rank reads only the block of each tensor it holds (its FSDP2 or
+  tensor-parallel shard, `finetune.shard_read`), so no rank holds a full copy of a
+  sharded model; a plain (one-process, DDP) model reads whole tensors.
 
 `Task.map_weights` (name -> the model's name, or None to drop the key) renames the
 source's keys first, so weights saved under another library's names load. The loaded keys
@@ -165,6 +167,14 @@ class InitFrom(Component):
         self.map_weights = map_weights
         self.kind = kind_of(self.source, field)  # checked at once: before the model is built
         self.loaded: list[str] = []
+        self.bytes_read = 0  # from a safetensors source, by this rank
+        self.whole: dict[str, list[int]] = {}  # the whole model's {name: shape}
+
+    def transform_model(self, model: nn.Module, device: torch.device) -> nn.Module:
+        """Note the whole model's names and shapes, before a plan cuts it into stages."""
+        self.whole = {k: list(v.shape) for k, v in model.state_dict().items()
+                      if isinstance(v, torch.Tensor)}
+        return model
 
     def setup(self, parts: RunParts) -> None:
         """Load the weights into the distributed model (every rank)."""
@@ -177,14 +187,16 @@ class InitFrom(Component):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         own = get_model_state_dict(module)
-        shapes = {k: list(v.shape) for k, v in own.items() if isinstance(v, torch.Tensor)}
+        held = {k: list(v.shape) for k, v in own.items() if isinstance(v, torch.Tensor)}
+        # Matched against the whole model: a pipeline stage holds only its own part
+        shapes = self.whole or held
         opened = {"safetensors": self._safetensors, "dcp": self._dcp}.get(
             self.kind, self._checkpoint)
         path, source_shapes, read = opened(shapes)
         names = rename(source_shapes, self.map_weights)
         keys, problems = match(shapes, {n: source_shapes[k] for n, k in names.items()})
         found = report(path, problems, self.partial, self.field)
-        read(module, own, {k: names[k] for k in keys})
+        read(module, own, {k: names[k] for k in keys if k in held})
         self.loaded = keys
         log.info("%s %s: loaded %d of the model's %d tensors%s", self.field, self.source,
                  len(self.loaded), len(shapes), f" ({found})" if found else "")
@@ -202,20 +214,16 @@ class InitFrom(Component):
                     source_shapes[name] = list(f.get_slice(name).get_shape())
 
         def read(module: nn.Module, own: dict[str, Any], pairs: dict[str, str]) -> None:
-            from torch.distributed.checkpoint.state_dict import (
-                StateDictOptions,
-                set_model_state_dict,
-            )
+            from tandem.finetune.shard_read import read_into
 
             model_name = {key: name for name, key in pairs.items()}
-            tensors: dict[str, torch.Tensor] = {}
+            self.bytes_read = 0
             for file, keys in by_file.items():
                 with safe_open(str(file), framework="pt") as f:
                     for key in keys:
-                        if key in model_name:
-                            tensors[model_name[key]] = f.get_tensor(key)
-            set_model_state_dict(module, tensors, options=StateDictOptions(
-                full_state_dict=True, strict=False))
+                        if key in model_name:  # this rank's block of it only
+                            self.bytes_read += read_into(f, key, own[model_name[key]])
+            _set(module, {k: own[k] for k in pairs})
 
         return self.source, source_shapes, read
 

@@ -12,11 +12,12 @@ optimizer state is the adapters' alone. The names follow PEFT's (`<module>.lora_
 and an `adapter_config.json`; `merged_state_dict` gives the base model's own state dict
 with each update folded in (W + (alpha / rank) B A), for a model without adapters.
 
-Plans: one process, DDP, FSDP2 and the low-communication strategies. Under FSDP2 a
-layer's frozen base and its adapters are sharded in the same unit; only the adapters
-get gradients to reduce, and the checkpoints hold them whole (DCP gathers the shards),
-so an adapter checkpoint resumes at any world size. Tensor and pipeline parallelism are
-refused (their wrappers are built for the base layers).
+Plans: one process, DDP, FSDP2, tensor and pipeline parallelism and the
+low-communication strategies. Under FSDP2 a layer's frozen base and its adapters are
+sharded in the same unit; only the adapters get gradients to reduce, and the checkpoints
+hold them whole (DCP gathers the shards), so an adapter checkpoint resumes at any world
+size. Under tensor parallelism a split layer's adapters are split with it
+(`finetune.lora_tp`); a pipeline stage holds the adapters of its own layers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import fnmatch
 import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -32,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from tandem.components.base import Component
+from tandem.finetune import peft_model
 
 log = logging.getLogger(__name__)
 PEFT_PREFIX = "base_model.model."
@@ -119,7 +122,10 @@ def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The base model's state dict with every adapter folded into its weight."""
+    """The base model's state dict with every adapter folded into its weight (a
+    peft.PeftModel's by PEFT's own `merge_and_unload`)."""
+    if peft_model.is_peft(model):
+        return peft_model.merged(model)
     merged = {k: v.detach().clone() for k, v in model.state_dict().items()
               if ".lora_A." not in k and ".lora_B." not in k}
     for name, module in model.named_modules():
@@ -128,11 +134,26 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return merged
 
 
+def peft_targets(model: nn.Module, adapted: list[str]) -> list[str] | str:
+    """`target_modules` for PEFT that selects exactly the adapted modules: their names, or
+    (when PEFT's suffix rule, `name == t or name.endswith("." + t)`, would also select
+    another module, e.g. `1.0` for `0`) a regular expression PEFT matches whole."""
+    chosen = set(adapted)
+    others = [name for name, _ in model.named_modules()
+              if name not in chosen and ".lora_" not in name]
+    if any(n.endswith("." + t) for n in others for t in adapted):
+        return "(?:" + "|".join(re.escape(t) for t in adapted) + ")"
+    return adapted
+
+
 def save_adapter(model: nn.Module, directory: str | Path) -> Path:
-    """Write `adapter_model.safetensors` and `adapter_config.json` (PEFT's layout) of a
-    model trained with `train.lora_rank`; returns the directory."""
+    """Write `adapter_model.safetensors` and `adapter_config.json` (PEFT's layout, which
+    `peft.PeftModel.from_pretrained` loads onto the base model) of a model trained with
+    `train.lora_rank`, or of a peft.PeftModel (through PEFT); returns the directory."""
     from safetensors.torch import save_file
 
+    if peft_model.is_peft(model):
+        return peft_model.save(model, directory)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
     if not layers:
         raise ValueError("save_adapter: the model has no LoRA adapters (train.lora_rank 0)")
@@ -141,7 +162,7 @@ def save_adapter(model: nn.Module, directory: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file(adapter_state_dict(model), str(out / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "r": first.rank, "lora_alpha": first.alpha,
-              "target_modules": sorted(layers), "bias": "none", "lora_dropout": 0.0,
-              "fan_in_fan_out": False, "task_type": None}
+              "target_modules": peft_targets(model, sorted(layers)), "bias": "none",
+              "lora_dropout": 0.0, "fan_in_fan_out": False, "task_type": None}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

@@ -63,7 +63,7 @@ class Arm:
     figure: str = "wall"  # the figure its decisions use
     share: float = 1.0  # the fraction of the session's error rate it may spend
     pairs: list[Pair] = field(default_factory=list)
-    failure: RunOutcome | None = None
+    failure: RunOutcome | None = None  # the run (its or its reference's) that failed
 
     def logs(self, figure: str | None = None) -> list[float]:
         """The log ratios of its pairs for one figure (its own by default)."""
@@ -109,10 +109,9 @@ class Bench:
                    else self.launch("ref", arm.reference, ""))
             runs[who] = out
             if not out.ok:
-                if who == "arm":
-                    arm.failure = out
-                    return f"{out.name}: {out.error}"
-                return f"reference run {out.name}: {out.error}"
+                arm.failure = out
+                return (f"{out.name}: {out.error}" if who == "arm"
+                        else f"reference run {out.name}: {out.error}")
         arm.pairs.append(Pair(runs["ref"], runs["arm"], arm_first, self.figure_of))
         return ""
 

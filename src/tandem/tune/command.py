@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "noise (at least 2)")
     parser.add_argument("--max-pairs", type=int, default=tstats.MAX_PAIRS,
                         help="paired runs a candidate gets at most before it is judged "
-                             "not significant")
+                             "not significant (the queue's last candidate: as many as the "
+                             "budget left affords, up to 8)")
     parser.add_argument("--guard-steps", type=int, default=0,
                         help="steps of the convergence guardrail (0: the trial runs' own)")
     parser.add_argument("--trial-timeout", type=float, default=300.0,

@@ -18,6 +18,8 @@ budget on each run of its baseline and placebo, and leaves nothing for candidate
   predicted share more steps (at most MAX_STRETCH times), so that its run also lasts
   about run_s and measures it over enough windows (more windows of the unstretched
   run's size, so that its losses are logged at its reference's steps).
+* **Timeouts.** A run's timeout is capped by the session's budget left, never below
+  `min_timeout` (`TrialRunner.limit`).
 * **run_s** is the user's `--run-seconds`, else `auto_run_seconds(budget)`: a
   RUNS_PER_BUDGET-th of the budget, within [MIN_RUN_S, MAX_RUN_S].
 """
@@ -38,6 +40,28 @@ MAX_STRETCH = 4.0
 RUNS_PER_BUDGET = 30
 MIN_RUN_S = 4.0
 MAX_RUN_S = 30.0
+MIN_TIMEOUT_S = 45.0  # a cold start of 2 processes under load, and a run's windows
+
+
+MAX_LAST_PAIRS = 8  # pairs the queue's last candidate may get at most
+
+
+def last_pairs(left_s: float, run_s: float, max_pairs: int) -> int:
+    """The looks of the queue's last candidate, fixed before its first: the pairs the
+    budget left affords (two runs each), within [max_pairs, MAX_LAST_PAIRS]. No other
+    candidate waits for that budget, and a small gain under load needs more pairs than
+    --max-pairs (a 1.28x checkpointing fix stayed undecided after 4 pairs at load 10-19
+    with 115 s of a 300-s budget unused). The sequential test's error rate holds for any
+    number of looks fixed in advance (`stats.look_confidence`)."""
+    affordable = int(left_s // (2 * run_s)) if run_s > 0 else 0
+    return max(max_pairs, min(MAX_LAST_PAIRS, affordable))
+
+
+def min_timeout(run_s: float) -> float:
+    """The least a trial run's timeout is capped to by the budget left: a cold start
+    (MIN_TIMEOUT_S covers one) and three times the run's seconds, so a run that starts
+    with little budget left can still finish (the session ends at most that late)."""
+    return max(MIN_TIMEOUT_S, 3 * run_s)
 
 
 @dataclass(frozen=True)

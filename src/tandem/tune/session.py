@@ -20,7 +20,9 @@ The order of work (each step real runs of the user's script, see `trial.py`):
    measured candidates carry one), then each diagnosed family after its control
    experiment (`controls.py`): a refuted family, or one whose control cannot gain
    1 + min_gain, is skipped (a mixture's other shares, `mixing.py`, are judged by the
-   time to every task's target). Each candidate is an arm against the current plan, in
+   time to every task's target); where nothing is proposed, the plan's priced
+   neighbours (`explore.py`), so that a well-configured job's "nothing" is a verdict.
+   Each candidate is an arm against the current plan, in
    pairs of runs with alternating order, judged after each pair by a sequential test
    (`stats.judge`): it wins (lower bound at the look's confidence over the floor, from
    its first pair on: an effect that dwarfs the noise is decided at once), stops (upper
@@ -57,7 +59,7 @@ from typing import Any
 from tandem.analyze.diagnosis.diagnose import Finding, diagnose_run
 from tandem.monitor.store import RunStore, environment
 from tandem.status import RunStatus
-from tandem.tune import controls, guard, mixing, runsize, sizing, smells, space
+from tandem.tune import controls, explore, guard, mixing, runsize, sizing, smells, space
 from tandem.tune import stats as tstats
 from tandem.tune.arms import PLACEBO, Arm, Bench, evidence_text
 from tandem.tune.measure import Measured, measured_from
@@ -126,13 +128,15 @@ class Tuner:
     def _elapsed(self) -> float:
         return self.clock() - self.started
 
-    def _can_afford(self, runs: int) -> bool:
+    def _run_estimate(self) -> float:
         walls = [r.wall_s for a in self.bench.arms for p in a.pairs
                  for r in (p.arm, p.reference)] + ([self.a0.wall_s] if self.a0 else [])
         # A quarter over the typical run: one run slowed by a neighbour must not end the
         # session, nor may a typical run overshoot the budget.
-        estimate = 1.25 * statistics.median(walls) if walls else 60.0
-        return self._elapsed() + runs * estimate <= self.s.budget_s
+        return 1.25 * statistics.median(walls) if walls else 60.0
+
+    def _can_afford(self, runs: int) -> bool:
+        return self._elapsed() + runs * self._run_estimate() <= self.s.budget_s
 
     def _launch(self, tag: str, changes: Mapping[str, Any], control: str) -> RunOutcome:
         name = f"{self.session}-{self.runner.runs:03d}-{tag}"
@@ -178,6 +182,9 @@ class Tuner:
                 store.finish_run(self.session, status, summary)
 
     def _tune(self) -> TuneResult:
+        # Each run's timeout is capped by the budget left, never below a run's worth
+        self.runner.deadline = self.started + self.s.budget_s
+        self.runner.min_timeout_s = runsize.min_timeout(self.run_s)
         self.job = self.runner.resolve()
         if self.job.get("monitor.log_every"):
             self.runner.job_log_every = int(self.job["monitor.log_every"])
@@ -190,7 +197,8 @@ class Tuner:
         self._measure(a0)
         self._placebo(a0)
         queue = list(self.extra) + self._proposals()
-        self._drain(queue)
+        assert self.measured is not None  # nothing proposed: the nearest neighbours
+        self._drain(queue or explore.near_misses(self.measured, {**self.job}))
         return self._result()
 
     def _measure(self, outcome: RunOutcome) -> None:
@@ -269,7 +277,7 @@ class Tuner:
             cand = queue.pop(0)
             if not self._controlled(cand.family):
                 continue
-            if self._candidate(cand):
+            if self._candidate(cand, last=not queue):
                 queue[:] = [c for c in queue if not set(c.changes) & set(cand.changes)]
                 fresh = [c for c in self._proposals() if not self._was_tried(c)]
                 queue[:] = by_predicted_gain(fresh + queue)
@@ -280,11 +288,15 @@ class Tuner:
         why = ("--max-trials reached" if self.trials >= self.s.max_trials
                else "no budget left for a pair")
         for cand in queue:
-            self.unreached.append(cand)
-            self._record(cand.label, "candidate", "not-reached", cand.changes,
-                         {"reason": cand.reason, "predicted": cand.predicted,
-                          "family": cand.family},
-                         f"never tried ({why}); {predicted_text(cand.predicted)}")
+            self._not_reached(cand, why)
+
+    def _not_reached(self, cand: Candidate, why: str, figures: Mapping[str, Any] = {}
+                     ) -> None:
+        self.unreached.append(cand)
+        self._record(cand.label, "candidate", "not-reached", cand.changes,
+                     {**figures, "reason": cand.reason, "predicted": cand.predicted,
+                      "family": cand.family},
+                     f"never tried ({why}); {predicted_text(cand.predicted)}")
 
     def _budget_left(self) -> bool:
         return self.trials < self.s.max_trials and self._can_afford(2)
@@ -334,8 +346,9 @@ class Tuner:
         return family not in self.futile
 
     # ------------------------------------------------------------------ candidates
-    def _candidate(self, cand: Candidate) -> bool:
-        """Try one candidate in paired runs; True when it was adopted."""
+    def _candidate(self, cand: Candidate, last: bool = False) -> bool:
+        """Try one candidate in paired runs; True when it was adopted. The last one in
+        the queue may take the pairs the budget left affords (`runsize.last_pairs`)."""
         changes = {**self.incumbent, **cand.changes}
         if changes == self.incumbent or self._key(changes) in self.tried:
             return False
@@ -355,6 +368,8 @@ class Tuner:
         if cand.predicted:
             self.stretch[self._key(changes)] = cand.predicted
         verdict, error, guard_verdict = "more", "", None
+        max_pairs = (runsize.last_pairs(self.s.budget_s - self._elapsed(), self._run_estimate(),
+                                        self.s.max_pairs) if last else self.s.max_pairs)
         while verdict == "more":
             if arm.pairs:
                 self._more_placebo()
@@ -371,7 +386,7 @@ class Tuner:
                 if not guard_verdict.ok:
                     verdict = "diverged"
                     break
-            verdict = self.bench.judge(arm, tstats.MIN_PAIRS, self.s.max_pairs)
+            verdict = self.bench.judge(arm, tstats.MIN_PAIRS, max_pairs)
         figures = {**self.bench.record(arm), **info}
         if "ratio" in figures:
             figures["measured"] = figures["ratio"]["estimate"]
@@ -379,6 +394,10 @@ class Tuner:
             figures["guard"] = guard_verdict.as_dict()
         ev = f"{predicted_text(cand.predicted)}, measured {evidence_text(figures)}"
         floor = f"{self.bench.floor(arm.figure):.3g}"
+        if error and arm.failure is not None and arm.failure.budget_cut:
+            self._not_reached(cand, f"the budget ran out during its pair: {error}",
+                              {**figures, "error": error})
+            return False
         if error:
             self._record(cand.label, "candidate", "failed", cand.changes,
                          {**figures, "error": error}, f"a run failed: {error}")

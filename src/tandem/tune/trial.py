@@ -16,10 +16,16 @@ Workers start warm (`warm_workers`): the session runs a fork server (the schedul
 `tandem/forking/server.py`) that has imported torch once, and each trial's launcher forks
 its ranks from it, so a run's start-up costs a fraction of a cold one's and a session's
 budget goes to measuring. The runs' figures do not include start-up (the first window
-is warm-up), so a run that started cold (before the server listened, or where a warm
-worker could differ from a cold one: the launcher says so in its log) compares fairly
-with one that started warm. A job whose processes start with more than one thread
+is warm-up), so a run that started cold (the server not listening after SERVER_WAIT_S,
+or where a warm worker could differ from a cold one: the launcher says so in its log)
+compares fairly with one that started warm; a run waits for a server still importing,
+since a cold start costs more than that wait. A job whose processes start with more than one thread
 each starts its trials cold (`warm_workers` says why).
+
+A run's timeout (--trial-timeout) is capped by what is left of the session's budget
+(`deadline`, set by the session), but never below `min_timeout_s` (what a run needs to
+start and measure anything): a run that hits the cap is `budget_cut`, recorded by the
+session as a candidate it never reached, not as one that failed.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ CONTROL_TAGS = ("placebo", "control")
 CALIBRATE_AT = 1  # the link's cost is measured in the first window, which warm-up drops
 TAIL_CHARS = 2000
 POLL_S = 1.0  # how often a watched run is looked at
+SERVER_WAIT_S = 60.0  # how long a run waits for the session's fork server to listen
 
 
 @dataclass
@@ -75,6 +82,7 @@ class RunOutcome:
     error: str = ""
     summary: dict[str, Any] = field(default_factory=dict)
     stopped: bool = False  # the watcher ended the run early (a pruned trial)
+    budget_cut: bool = False  # killed at the timeout the session's remaining budget capped
     # a mixture's figures per source (task/NAME/...): [(seconds since its first step, value)]
     tasks: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
@@ -137,6 +145,16 @@ class TrialRunner:
     job_log_every: int | None = None  # the job's own monitor.log_every, once known
     sample_s: float | None = None  # one training sample's read time (`resolve`), if known
     forkserver: Any = None  # the session's fork server (`warm_workers`), once started
+    deadline: float | None = None  # time.monotonic() when the session's budget ends
+    min_timeout_s: float = 45.0  # a run's timeout is never capped below this
+
+    def limit(self, now: float) -> tuple[float, bool]:
+        """(the timeout of a run starting at `now`, whether the budget capped it):
+        timeout_s, or the budget left (`deadline`) when less, but at least min_timeout_s."""
+        if self.deadline is None:
+            return self.timeout_s, False
+        left = max(self.min_timeout_s, self.deadline - now)
+        return (left, True) if left < self.timeout_s else (self.timeout_s, False)
 
     def command(self, name: str, plan_file: Path, steps: int, log_every: int,
                 control: str, drop: Sequence[str], eval_every: int | None = None,
@@ -184,15 +202,17 @@ class TrialRunner:
         log_file = self.work_dir / f"{name}.log"
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                **self.env}
-        if self.forkserver is not None and self.forkserver.ready():
+        if self.forkserver is not None and self._server_ready():
             env[FORKSERVER_ENV] = self.forkserver.path
         started = time.monotonic()
+        timeout, capped = self.limit(started)
         with log_file.open("w") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
-            code, error, stopped = self._wait(proc, started, watch)
+            code, error, stopped = self._wait(proc, started, watch, timeout, capped)
         outcome = self.read(name)
         outcome.wall_s, outcome.stopped = time.monotonic() - started, stopped
+        outcome.budget_cut = capped and error.startswith("timed out")
         shutil.rmtree(self.work_dir / "runs" / name / "checkpoints", ignore_errors=True)
         if code is not None and code != 0 and not stopped:
             how = f"signal {-code}" if code < 0 else f"exit status {code}"
@@ -203,6 +223,17 @@ class TrialRunner:
             outcome.ok = False
             outcome.error = outcome.error or f"no throughput recorded: {_tail(log_file)}"
         return outcome
+
+    def _server_ready(self) -> bool:
+        """Whether the fork server listens, waiting up to SERVER_WAIT_S for one still
+        importing: a cold start imports torch in every rank while the server imports it
+        too (on 2 cores at load 13 a cold start took 23 s, a forked one under 1 s)."""
+        end = time.monotonic() + SERVER_WAIT_S
+        while not self.forkserver.ready():
+            if self.forkserver.gone() or time.monotonic() >= end:
+                return False
+            time.sleep(0.2)
+        return True
 
     def window(self, changes: Mapping[str, Any], log_every: int) -> int:
         """A trial's logging window: `log_every`, or the plan's own when more frequent."""
@@ -239,10 +270,13 @@ class TrialRunner:
         return resolved
 
     def _wait(self, proc: subprocess.Popen, started: float,
-              watch: Callable[[], bool] | None) -> tuple[int | None, str, bool]:
-        """(exit code or None, error, stopped by the watcher) once the run has ended."""
+              watch: Callable[[], bool] | None, timeout: float | None = None,
+              capped: bool = False) -> tuple[int | None, str, bool]:
+        """(exit code or None, error, stopped by the watcher) once the run has ended or
+        `timeout` (default timeout_s) passed; `capped`: the budget capped that timeout."""
+        timeout = self.timeout_s if timeout is None else timeout
         while True:
-            left = self.timeout_s - (time.monotonic() - started)
+            left = timeout - (time.monotonic() - started)
             try:
                 return proc.wait(timeout=max(0.0, min(left, POLL_S if watch else left))), "", False
             except subprocess.TimeoutExpired:
@@ -250,9 +284,11 @@ class TrialRunner:
             if watch is not None and watch():
                 _kill_group(proc)
                 return None, "", True
-            if time.monotonic() - started >= self.timeout_s:
+            if time.monotonic() - started >= timeout:
                 _kill_group(proc)
-                return None, f"timed out after {self.timeout_s:.0f} s (killed)", False
+                why = (f" (--trial-timeout {self.timeout_s:.0f} s capped to the session's "
+                       "budget left)" if capped else "")
+                return None, f"timed out after {timeout:.0f} s{why} (killed)", False
 
     def read(self, name: str) -> RunOutcome:
         """The figures run `name` left in the store (ok=False when there are none)."""

@@ -10,10 +10,10 @@ from tandem.components.model import Compile, Recompute
 from tandem.components.task_losses import task_losses
 from tandem.compress.distill import from_config as distillation
 from tandem.config import Config
-from tandem.faults import FaultPlan
 from tandem.finetune.freeze import Freeze, parse_patterns
 from tandem.finetune.init_from import InitFrom
 from tandem.finetune.lora import LoRA
+from tandem.finetune.peft_model import PeftAdapters
 from tandem.runtime import Runtime
 from tandem.task import Task
 
@@ -24,7 +24,7 @@ def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
     weight average, the record of each source's loss of a mixture, the teacher (before an
     injected fault scales the loss), then liveness before fault injection (a rank killed
     by a fault is last seen where it was killed)."""
-    out: list[Component] = []
+    out: list[Component] = [PeftAdapters(config.train.lora_rank)]  # a user's PeftModel
     if config.train.freeze:
         out.append(Freeze(parse_patterns(config.train.freeze)))
     if config.train.lora_rank:
@@ -44,7 +44,6 @@ def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
         out.append(teacher)
     out.append(Liveness(runtime.store, runtime.rank, runtime.world_size,
                         config.fault.heartbeat_s))
-    faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
-    if faults is not None:
-        out.append(FaultInjection(faults))
+    if (faults := FaultInjection.planned(runtime.rank, runtime.restart_count)) is not None:
+        out.append(faults)
     return out
