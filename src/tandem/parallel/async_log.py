@@ -7,9 +7,10 @@ pseudo-gradient, as DiLoCo's) and the version it pulled (v: the outer steps appl
 the model it started from). Its staleness is tau = i - v. The outer step averages the
 pushes, each scaled by 1 / (1 + tau) (staleness-aware: a stale change counts less), and
 applies DiLoCo's outer Nesterov step with its momentum scaled by the pushes' mean weight
-(asynchrony acts as momentum of its own; with s = 0 every weight is 1: DiLoCo's step). Every worker replays the same pushes in the same
-order, so every worker computes the same outer model: there is no parameter server, and
-no worker waits for another to apply anything.
+(asynchrony acts as momentum of its own; with s = 0 every weight is 1: DiLoCo's step).
+Every worker replays the same pushes in the same order, so every worker computes the
+same outer model: there is no parameter server, and no worker waits for another to apply
+anything.
 
 The staleness bound s holds by reservation: a push is numbered only while every other
 worker still training keeps a free place in an outer step at most s after its own v
