@@ -13,25 +13,26 @@ nats) with a 95% t-interval over the seeds; how much worse than the original and
 control (paired by seed); its weight elements against the original's; and its CPU
 inference speed-up at batch 1 and 64 as the original's time over its own, measured in
 `--repeats` interleaved pairs (order alternating), a geometric mean with the interval of
-the logs. For int8: the share of post-training quantisation's loss that QAT recovers
-(both from the fine-tuned control's weights: PTQ of the control against QAT, at the same
-training), and beside the int8 model (`quant.convert`: int8 weights computed in float)
-PyTorch's dynamic int8 kernels for the Linear layers (`torch.ao`), as a latency reference.
+the logs. For int8 (`--int8`) and int4 weights per group (`--int4 GROUP`): the share of
+post-training quantisation's loss that QAT recovers (PTQ of the fine-tuned control against
+QAT from the original, at the same training), per seed and overall. The int8 models run
+their Linear layers on fbgemm's int8 kernels (`quant.kernels`), so their latency is a real
+int8 model's against fp32; int4 is emulated in float (accuracy only: no CPU int4 kernel).
 
     python benchmarks/compress.py --task mnist1d --seeds 5 --steps 300
     python benchmarks/compress.py --task char-lm --seeds 3 --steps 200 --distill 0.5
+    python benchmarks/compress.py --task char-lm --seeds 3 --steps 100 --int8 --int4 32 \
+        --lowrank --prune
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import math
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,8 @@ def makers(ns: argparse.Namespace, inputs: tuple[torch.Tensor, ...]
                                                                     gradual=not ns.oneshot)
     if ns.int8:
         out["int8-qat"] = cand.int8_qat
+    if ns.int4:
+        out["int4-qat"] = lambda m, t: cand.int8_qat(m, t, bits=4, group=ns.int4)
     return out
 
 
@@ -116,12 +119,17 @@ def rows_of(t: torch.Tensor, size: int) -> torch.Tensor:
     return t.repeat(-(-size // t.shape[0]), *[1] * (t.dim() - 1))[:size]
 
 
-def dynamic_int8(model: nn.Module) -> nn.Module:
-    """PyTorch's dynamic int8 quantisation of the Linear layers (int8 kernels)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear},
-                                                      dtype=torch.qint8)
+def recovery(scores: dict[str, list[float]], kind: str, sign: float, unit: str) -> None:
+    """Print how much of PTQ's loss (against the control) QAT wins back, per seed."""
+    ptq, qat = scores[f"{kind}-ptq(control)"], scores[f"{kind}-qat"]
+    lost = [sign * (c - p) for c, p in zip(scores["control"], ptq, strict=True)]
+    back = [sign * (q - p) for q, p in zip(qat, ptq, strict=True)]
+    ratio = statistics.fmean(back) / statistics.fmean(lost) if any(lost) else math.nan
+    each = [b / a for a, b in zip(lost, back, strict=True) if a]
+    shown = mean_interval(each).text(2) if len(each) == len(lost) > 1 else "n/a"
+    print(f"  {kind}: PTQ loses {mean_interval(lost).text(3)} {unit} against the control, "
+          f"QAT wins back {mean_interval(back).text(3)}: recovered {ratio:.2f} of it "
+          f"(per seed {', '.join(f'{e:.2f}' for e in each)}: {shown})")
 
 
 def main() -> None:
@@ -137,7 +145,9 @@ def main() -> None:
                         help="channel shares pruned")
     parser.add_argument("--oneshot", action="store_true",
                         help="prune all at once before fine-tuning (default: gradual)")
-    parser.add_argument("--int8", action="store_true", help="also PTQ and QAT")
+    parser.add_argument("--int8", action="store_true", help="also int8 PTQ and QAT")
+    parser.add_argument("--int4", type=int, default=0, metavar="GROUP",
+                        help="also int4 weight PTQ and QAT, per group of GROUP weights")
     parser.add_argument("--original-steps", type=int, default=None)
     parser.add_argument("--original", default=None,
                         help="a run directory of the example trained already (not trained)")
@@ -167,6 +177,8 @@ def main() -> None:
     scores: dict[str, list[float]] = {name: [] for name in ["control", *make]}
     if ns.int8:
         scores["int8-ptq(control)"] = []
+    if ns.int4:
+        scores["int4-ptq(control)"] = []
     models: dict[str, nn.Module] = {}
     for seed in range(ns.seeds):
         tune = cand.FineTune(task, ns.steps, recipe["train.global_batch"], ns.lr_scale, seed,
@@ -175,6 +187,9 @@ def main() -> None:
         scores["control"].append(measure(control))
         if ns.int8:
             scores["int8-ptq(control)"].append(measure(cand.int8_ptq(control, tune)))
+        if ns.int4:
+            scores["int4-ptq(control)"].append(measure(cand.int8_ptq(control, tune, 4,
+                                                                     ns.int4)))
         for name, fn in make.items():
             model = fn(original, tune)
             models.setdefault(name, model)
@@ -191,22 +206,15 @@ def main() -> None:
                                                                     strict=True)])
         print(f"  {name:<18} {metric} {mean_interval(got).text(4)}; worse than original "
               f"{vs_base.text(2)}, than control {vs_control.text(2)}")
-    if ns.int8:
-        lost = [sign * (c - p) for c, p in zip(scores["control"], scores["int8-ptq(control)"],
-                                              strict=True)]
-        back = [sign * (q - p) for q, p in zip(scores["int8-qat"], scores["int8-ptq(control)"],
-                                             strict=True)]
-        ratio = statistics.fmean(back) / statistics.fmean(lost) if any(lost) else math.nan
-        each = [b / a for a, b in zip(lost, back, strict=True) if a]
-        shown = mean_interval(each).text(2) if len(each) == len(lost) else "n/a"
-        print(f"  int8: PTQ loses {mean_interval(lost).text(2)} {unit} against the control, "
-              f"QAT wins back {mean_interval(back).text(2)}: recovered {ratio:.2f} of it "
-              f"(per seed {', '.join(f'{e:.2f}' for e in each)}: {shown})")
-        models["torch-ao-dynamic-int8"] = dynamic_int8(original)
+    for kind, on in (("int8", ns.int8), ("int4", ns.int4)):
+        if on:
+            recovery(scores, kind, sign, unit)
     print(f"\nCPU inference, 1 thread, original over candidate (x faster), {ns.repeats} "
           "interleaved pairs, geometric mean [95%]:")
     with torch.no_grad():
         for name, model in models.items():
+            if name.startswith("int4"):  # emulated in float: its latency means nothing
+                continue
             model.eval()
             share = weights(model) / weights(original) if name in scores else math.nan
             speed = {b: paired_speedup(original, model, tuple(rows_of(t, b) for t in inputs),

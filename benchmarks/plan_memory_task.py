@@ -5,6 +5,11 @@ tensor the process allocates and frees from then on (the model, its shards or st
 copies, wrappers' buffers, optimizer state, gradients, activations, temporaries) is in
 the trace; after optimizer step `PEAK_STEPS` a component stops it and writes the highest
 sum of live bytes to `PEAK_DIR/<rank>.json`.
+
+The live bytes are replayed from the allocator's own records (address and size of each
+allocation and free, in time order), not from the ops' net memory: a free on a thread the
+profiler does not watch (a collective's) goes unrecorded, so a later allocation at the
+same address replaces the stale entry instead of counting twice.
 """
 
 from __future__ import annotations
@@ -35,14 +40,25 @@ def model() -> torch.nn.Module:
     return char_lm.CharLM()
 
 
-def peak_bytes(events: Any) -> int:
-    """The highest running sum of the allocations (+) and frees (-) in `events`, in
-    order of time (each op's own share: its children count for themselves)."""
-    live = peak = 0
-    for _, size in sorted((e.time_range.start, e.self_cpu_memory_usage) for e in events
-                          if e.self_cpu_memory_usage):
-        live += size
-        peak = max(peak, live)
+def peak_bytes(trace: Any) -> int:
+    """The highest sum of live allocations in the profiler's `trace`, replayed by address
+    in order of time."""
+    from torch._C._profiler import _EventType
+
+    stack, allocations = list(trace.profiler.kineto_results.experimental_event_tree()), []
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            allocations.append((event.start_time_ns, event.extra_fields))
+    live: dict[int, int] = {}
+    total = peak = 0
+    for _, fields in sorted(allocations, key=lambda a: a[0]):
+        total -= live.pop(fields.ptr, 0)  # freed, or its free was never recorded
+        if fields.alloc_size > 0:
+            live[fields.ptr] = fields.alloc_size
+            total += fields.alloc_size
+        peak = max(peak, total)
     return peak
 
 
@@ -55,7 +71,7 @@ class PeakMemory(tandem.Component):
         _TRACE[0].stop()
         rank = int(os.environ.get("RANK", "0"))
         Path(os.environ["PEAK_DIR"], f"{rank}.json").write_text(
-            json.dumps({"peak_bytes": peak_bytes(_TRACE[0].events())}))
+            json.dumps({"peak_bytes": peak_bytes(_TRACE[0])}))
 
 
 task = dataclasses.replace(char_lm.task, model=model, optimizer=char_lm.optimizer,

@@ -15,25 +15,23 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 from torch import nn
 
 from tandem.components import Component
 from tandem.components.liveness import last_seen
 from tandem.config import USAGE, Config, load, parse_args, plan_overrides, reference, validate
 from tandem.errors import PreflightError, UsageError
-from tandem.monitor.recorder import Recorder, new_run_id
-from tandem.monitor.sinks import Fanout, check_sink_packages, open_sinks
+from tandem.monitor.recorder import new_run_id
+from tandem.monitor.sinks import check_sink_packages
 from tandem.monitor.startup import STARTUP
-from tandem.monitor.store import RunStore, store_location
 from tandem.runtime import Runtime, start, stop
 from tandem.status import ExitStatus, RunStatus
 from tandem.task import Task
 from tandem.trainer.evaluate import EvaluationError
 from tandem.trainer.guard import STATUS_FILE_ENV, Interrupted, Preempted, StartupInterrupt
 from tandem.trainer.loop import Trainer
-from tandem.trainer.progress import Reporter, print_summary
-from tandem.trainer.rundir import Lease, record_config, run_dir_of, take_lease
+from tandem.trainer.record import RunRecord
+from tandem.trainer.rundir import Lease, run_dir_of, take_lease
 
 log = logging.getLogger("tandem")
 
@@ -95,16 +93,37 @@ def fit(task: Task, config: Config | None = None, argv: list[str] | None = None,
     run after the task's own (`Task.components`), each a `tandem.Component`.
     """
     STARTUP.begin()
-    if config is not None:
-        config = validate(config)
-        check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
-        return _run(task, config, script=False, components=components)
+    script = config is None
+    startup = StartupInterrupt()
     try:
-        config = config_from_argv(sys.argv[1:] if argv is None else argv, defaults)
+        return _start_and_fit(task, config, argv, defaults, script, startup, components)
+    except BaseException:
+        if not (startup.received and script):
+            raise
+        # A Ctrl-C during start-up, or what it caused (a peer that left a collective).
+        startup.exit(os.environ.get("RANK", "0") == "0")
+        raise
+    finally:
+        startup.close()
+
+
+def _settled(config: Config | None, argv: list[str] | None,
+             defaults: dict[str, Any] | None) -> Config:
+    """The run's settings, checked, with the packages its sinks need: `config` as given,
+    else from the command line (`config_from_argv`), where a mistake is one line, said
+    once, and exit status 2."""
+    script = config is None
+    try:
+        if config is None:
+            config = config_from_argv(sys.argv[1:] if argv is None else argv, defaults)
+        else:
+            config = validate(config)
         check_sink_packages(config.monitor.tensorboard, config.monitor.prometheus_port)
     except ValueError as err:
+        if not script:
+            raise
         _usage_exit(str(err), os.environ.get("RANK", "0") == "0")
-    return _run(task, config, script=True, components=components)
+    return config
 
 
 def _usage_exit(message: str, speak: bool) -> None:
@@ -124,23 +143,10 @@ def _usage_exit(message: str, speak: bool) -> None:
     raise SystemExit(ExitStatus.USAGE)
 
 
-def _run(task: Task, config: Config, script: bool,
-         components: Sequence[Component] = ()) -> RunResult:
-    startup = StartupInterrupt()
-    try:
-        return _start_and_fit(task, config, script, startup, components)
-    except BaseException:
-        if not (startup.received and script):
-            raise
-        # A Ctrl-C during start-up, or what it caused (a peer that left a collective).
-        startup.exit(os.environ.get("RANK", "0") == "0")
-        raise
-    finally:
-        startup.close()
-
-
-def _start_and_fit(task: Task, config: Config, script: bool,
-                   startup: StartupInterrupt, components: Sequence[Component]) -> RunResult:
+def _start_and_fit(task: Task, config: Config | None, argv: list[str] | None,
+                   defaults: dict[str, Any] | None, script: bool, startup: StartupInterrupt,
+                   components: Sequence[Component]) -> RunResult:
+    config = _settled(config, argv, defaults)
     name = config.run.name or Path(sys.argv[0]).stem or "run"
     try:
         with STARTUP.part("runtime"):
@@ -210,7 +216,8 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str,
     startup.close()  # the trainer's PreemptionFlag has taken Ctrl-C over
     lease = take_lease(run_dir, runtime)
     try:
-        return _train(trainer, config, runtime, name, lease)
+        record = RunRecord(config.monitor, config.run.dir, run_dir, name, runtime.is_main)
+        return _train(trainer, config, runtime, record, lease)
     except (dist.DistError, RuntimeError) as err:
         if runtime.distributed:
             # Gloo reports a timed-out collective as a plain RuntimeError ("Application
@@ -223,35 +230,22 @@ def _fit(task: Task, config: Config, runtime: Runtime, name: str,
         lease.release()
 
 
-def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
+def _train(trainer: Trainer, config: Config, runtime: Runtime, record: RunRecord,
            lease: Lease) -> RunResult:
-    run_dir = trainer.run_dir
     with STARTUP.part("resume"):
         resumed = trainer.resume()
-    if resumed.complete and (run_dir / "summary.json").is_file():
-        return _already_complete(trainer, runtime, name)
+    if resumed.complete and (done := record.finished(trainer.state.step)) is not None:
+        return RunResult(model=trainer.export(), summary=done, run_dir=trainer.run_dir)
     lease.claim()
-    recorder: Recorder | Fanout | None = None
     fresh = not trainer.progress.run_id  # a resume keeps its record whatever happens
-    if runtime.is_main:
-        record_config(config, run_dir)
-        run_id = trainer.run_id(new_run_id(name))
-        # Sinks first: a busy port must not leave a run recorded as running.
-        sinks = open_sinks(tensorboard=config.monitor.tensorboard,
-                           prometheus_port=config.monitor.prometheus_port,
-                           prometheus_host=config.monitor.prometheus_host,
-                           run_id=run_id, run_dir=run_dir)
-        recorder = Recorder(store_path(config), run_id, name, config.to_dict(),
-                            trainer.plan(), str(runtime.device), runtime.world_size)
-        if sinks:
-            recorder = Fanout(recorder, *sinks)
-    reporter = Reporter(recorder, config.train.steps, trainer.state.step,
-                        config.monitor.progress, active=runtime.is_main)
+    run_id = trainer.run_id(new_run_id(record.name)) if runtime.is_main else ""
+    plan = trainer.plan()
+    reporter = record.open(config, run_id, plan, runtime.device, runtime.world_size,
+                           trainer.state.step)
     summary: dict[str, Any] | None = None
     status, refused = RunStatus.FAILED, False
     try:
         resumed.report(reporter, runtime.restart_count)
-        plan = trainer.plan()
         reporter.event(trainer.state.step, "segment",
                        f"{runtime.world_size} x {runtime.device}, {plan['strategy']}, micro-batch "
                        f"{plan['micro_batch']} x {plan['accumulation']}, {plan['precision']}",
@@ -262,11 +256,8 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
             summary["startup_parts_s"] = STARTUP.figures(trainer.started_at)
         if trainer.calibration.parts:
             summary["calibration_parts_s"] = dict(trainer.calibration.parts)
-        if runtime.is_main:
-            summary.update(_scaling(config, trainer.progress.run_id, summary, runtime.world_size))
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         status = RunStatus.COMPLETED
-        return RunResult(model=trainer.export(), summary=summary, run_dir=run_dir)
+        return RunResult(model=trainer.export(), summary=summary, run_dir=trainer.run_dir)
     except Interrupted:
         status = RunStatus.INTERRUPTED
         raise
@@ -278,11 +269,8 @@ def _train(trainer: Trainer, config: Config, runtime: Runtime, name: str,
         reporter.event(trainer.state.step, "crash", f"{type(err).__name__}: {err}"[:2000])
         raise
     finally:
-        reporter.close(summary, status, trainer.state.step)
-        if runtime.is_main and status == RunStatus.COMPLETED and config.monitor.report:
-            _write_report(config, trainer.progress.run_id, run_dir)
-        if runtime.is_main and refused and fresh and trainer.state.step == 0:
-            _forget(config, trainer.progress.run_id)
+        record.close(reporter, summary, status, trainer.state.step, runtime.world_size,
+                     forget=refused and fresh and trainer.state.step == 0)
 
 
 def _stopped_status() -> RunStatus:
@@ -291,53 +279,6 @@ def _stopped_status() -> RunStatus:
     from tandem.sched.service.attempt import stop_reason  # only a scheduled run has a reason
 
     return RunStatus.CANCELLED if stop_reason() == "cancel" else RunStatus.PREEMPTED
-
-
-def _forget(config: Config, run_id: str) -> None:
-    """Take a run refused before its first step out of the store (its message was said)."""
-    try:
-        with RunStore(store_path(config)) as store:
-            store.delete_run(run_id)
-    except Exception as err:  # the record must never hide the refusal's own message
-        log.warning("run store: could not remove refused run %s: %s", run_id, err)
-
-
-def _write_report(config: Config, run_id: str, run_dir: Path) -> None:
-    """The run's HTML report beside its checkpoints, and where it is (rank 0)."""
-    from tandem.analyze.report.run_report import write_html
-    from tandem.monitor.store import RunStore
-
-    try:
-        with RunStore(store_path(config)) as store:
-            path = write_html(store, run_id, run_dir / "report.html")
-    except Exception as err:  # a report must never fail the run it describes
-        log.warning("report: %s", err)
-        return
-    log.info("report: %s (or: tandem report %s)", path, run_id)
-
-
-def _already_complete(trainer: Trainer, runtime: Runtime, name: str) -> RunResult:
-    """A rerun of a finished run: say so and hand back its result; write nothing."""
-    summary = json.loads((trainer.run_dir / "summary.json").read_text())
-    if runtime.is_main:
-        log.info("run %r is already complete at step %d (summary below); raise train.steps "
-                 "to continue it, or give another --run.name", name, trainer.state.step)
-        print_summary(summary, Console(stderr=True))
-    return RunResult(model=trainer.export(), summary=summary, run_dir=trainer.run_dir)
-
-
-def _scaling(config: Config, run_id: str, summary: dict[str, Any],
-             world_size: int) -> dict[str, Any]:
-    """Scaling efficiency against a comparable one-process run, or why there is none."""
-    # Imported here: the analysis stack is for the run's end, not its start-up.
-    from tandem.analyze.scaling.efficiency import scaling_figures
-
-    try:
-        return scaling_figures(store_path(config), run_id, summary.get("samples_per_s", 0.0),
-                               world_size, int(summary.get("steps", 0)))
-    except Exception as err:  # an analysis must never fail the run it describes
-        log.warning("scaling efficiency: %s", err)
-        return {}
 
 
 def check_same_config(config: Config, runtime: Runtime) -> None:
@@ -356,8 +297,3 @@ def check_same_config(config: Config, runtime: Runtime) -> None:
         shown = " vs ".join(f"ranks {ranks}" for ranks in groups.values())
         raise UsageError(f"the ranks were started with different configs ({shown}); every "
                          "rank must get the same config file and flags")
-
-
-def store_path(config: Config) -> Path:
-    """Where this run is recorded (see `store_location`)."""
-    return store_location(config.monitor.store or None, config.run.dir)

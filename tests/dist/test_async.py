@@ -4,7 +4,6 @@ kill/resume that loses no sample."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
@@ -75,20 +74,11 @@ def diloco_reference(steps: int) -> dict:
     """WORLD replicas in one process, each training on its share of every global batch;
     every H steps (and after the last) the mean change is DiLoCo's outer Nesterov step and
     every replica takes the outer parameters."""
-    torch.manual_seed(tandem.runtime.derive_seed("build", 7))
-    data, base = toy_task.IndexedData(), toy_task.make_model()
-    reps = [copy.deepcopy(base) for _ in range(WORLD)]
-    opts = [_sgd(r.parameters()) for r in reps]
-    outer = parameters_to_vector(base.parameters()).detach().clone()
-    velocity = torch.zeros_like(outer)
-    order, share = toy_task.reference(steps, GLOBAL)[1], GLOBAL // WORLD
+    data, reps, opts, outer, velocity = toy_task.replicas(WORLD, _sgd)
+    order = toy_task.reference(steps, GLOBAL)[1]
     for step in range(steps):
         ids = order[step * GLOBAL:(step + 1) * GLOBAL]
-        for r, (model, opt) in enumerate(zip(reps, opts, strict=True)):
-            mine = torch.tensor(ids[r * share:(r + 1) * share])
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(data.x[mine]), data.y[mine]).backward()
-            opt.step()
+        toy_task.inner_steps(data, reps, opts, ids)
         if (step + 1) % H == 0 or step + 1 == steps:
             g = sum(outer - parameters_to_vector(r.parameters()).detach() for r in reps) / WORLD
             velocity = OUTER_MOMENTUM * velocity + g

@@ -3,7 +3,8 @@ under another library's names (`Task.map_weights`), into FSDP2 with `train.freez
 reshards the source into each rank's shards; the frozen shards keep the source's values),
 LoRA under DDP against the same run in one process, and LoRA under FSDP2 (frozen base and
 trained adapters in the same units) from a base's weights, its adapter-only checkpoints
-resumed at two ranks and on one."""
+resumed at two ranks and on one; a user's PEFT model under DDP, its adapter checkpoint
+resumed on one process."""
 
 from __future__ import annotations
 
@@ -160,3 +161,32 @@ def test_lora_under_fsdp2_resumes_its_adapter_checkpoints_at_two_ranks_and_one(
     assert all(torch.equal(resumed[n], value) for n, value in
                torch.load(out / "final.pt", weights_only=True).items() if n in frozen)
     assert not torch.equal(resumed["2.lora_B.weight"], torch.zeros(3, 2))
+
+
+def _peft_leg(rank: int, world: int, out: str) -> None:
+    from tests.unit.test_finetune_peft import peft_task
+
+    cfg = toy_task.config(out, 3, 20, plan={"strategy": "ddp"},
+                          checkpoint={"every": 3, "async_save": False})
+    tandem.fit(peft_task(), config=cfg)
+
+
+@pytest.mark.timeout(300)
+def test_a_peft_model_under_ddp_resumes_its_adapters_on_one_process(tmp_path: Path) -> None:
+    from tests.unit.test_finetune_peft import peft_task
+
+    out = tmp_path / "two"
+    out.mkdir()
+    run_ranks(_peft_leg, 2, str(out), timeout=240)
+    from tandem import checkpoint
+    from tests.unit.test_finetune_peft import ADAPTERS
+
+    saved = checkpoint.manifest.read(checkpoint.latest(out / "toy" / "checkpoints"))["shapes"]
+    assert {k.removeprefix("model.") for k in saved if k.startswith("model.")} == ADAPTERS
+    cfg = toy_task.config(str(tmp_path / "one"), 6, 20)
+    reference = tandem.fit(peft_task(), config=cfg).model.state_dict()
+    resumed = tandem.fit(peft_task(), config=toy_task.config(str(out), 6, 20)).model
+    assert resumed.state_dict().keys() == reference.keys()
+    for name, value in reference.items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=1e-6,
+                                   msg=name)

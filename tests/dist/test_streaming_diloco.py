@@ -4,7 +4,6 @@ the plain sum, and a kill/resume in mid-flight."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from pathlib import Path
@@ -70,15 +69,9 @@ def reference(steps: int, fragments: int, tau: int, alpha: float = 0.5,
     pseudo-gradient is applied tau steps later (outer Nesterov SGD), the replica's run
     replaced (tau = 0) or mixed with alpha; after the last step all meet and replace.
     The first `ddp_steps` train one model on the whole global batch (DDP's math)."""
-    torch.manual_seed(tandem.runtime.derive_seed("build", 7))
-    data, base = toy_task.IndexedData(), toy_task.make_model()
-    reps = [copy.deepcopy(base) for _ in range(WORLD)]
-    opts = [optimizer(r.parameters()) for r in reps]
-    outer = parameters_to_vector(base.parameters()).detach().clone()
-    velocity = torch.zeros_like(outer)
+    data, reps, opts, outer, velocity = toy_task.replicas(WORLD, optimizer)
     bounds = [k * outer.numel() // fragments for k in range(fragments + 1)]
     order = toy_task.reference(steps, GLOBAL)[1]
-    share = GLOBAL // WORLD
     pending: dict[int, tuple[int, torch.Tensor]] = {}
 
     def flat(r: int) -> torch.Tensor:
@@ -109,11 +102,7 @@ def reference(steps: int, fragments: int, tau: int, alpha: float = 0.5,
     outer = parameters_to_vector(reps[0].parameters()).detach().clone()
     for step in range(ddp_steps, steps):
         ids = order[step * GLOBAL:(step + 1) * GLOBAL]
-        for r, (model, opt) in enumerate(zip(reps, opts, strict=True)):
-            mine = torch.tensor(ids[r * share:(r + 1) * share])
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(data.x[mine]), data.y[mine]).backward()
-            opt.step()
+        toy_task.inner_steps(data, reps, opts, ids)
         s, replaced = step + 1, set()
         for p in [p for p, (due, _) in pending.items() if due == s]:
             merge(p, replace=False)

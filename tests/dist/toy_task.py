@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import copy
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.utils import parameters_to_vector
 from torch.utils.data import Dataset
 
 import tandem
@@ -37,6 +39,29 @@ def make_model() -> nn.Module:
 
 def make_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def replicas(world: int, optimizer: Callable[..., torch.optim.Optimizer]) -> tuple[
+        IndexedData, list[nn.Module], list[torch.optim.Optimizer], torch.Tensor, torch.Tensor]:
+    """The start of a one-process reference of an outer-step plan (DiLoCo, streaming,
+    async): the data, `world` copies of the model as a run builds it (its seed) with an
+    optimizer each, the outer parameters as one flat vector and a zero outer velocity."""
+    torch.manual_seed(derive_seed("build", 7))
+    data, base = IndexedData(), make_model()
+    reps = [copy.deepcopy(base) for _ in range(world)]
+    outer = parameters_to_vector(base.parameters()).detach().clone()
+    return data, reps, [optimizer(r.parameters()) for r in reps], outer, torch.zeros_like(outer)
+
+
+def inner_steps(data: IndexedData, reps: list[nn.Module],
+                opts: list[torch.optim.Optimizer], ids: list[int]) -> None:
+    """One step of every replica, each on its equal share of the global batch `ids`."""
+    share = len(ids) // len(reps)
+    for r, (model, opt) in enumerate(zip(reps, opts, strict=True)):
+        mine = torch.tensor(ids[r * share:(r + 1) * share])
+        opt.zero_grad()
+        nn.functional.mse_loss(model(data.x[mine]), data.y[mine]).backward()
+        opt.step()
 
 
 def loss(out: torch.Tensor, batch) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import tandem
-from tandem.compress import lowrank, prune, quant
+from tandem.compress import lowrank, measure, prune, quant
 from tests.dist import toy_task
 
 
@@ -164,3 +164,75 @@ def test_the_components_train_in_a_run(tmp_path) -> None:
     rows = pruning.masked["0"]
     assert len(rows) == 16 and not model[0].weight[rows].any()
     assert not model[2].weight[:, rows].any()
+
+
+def test_a_weight_tied_to_an_embedding_is_left_whole() -> None:
+    """The tied output layer would grow: the embedding keeps the full matrix."""
+    torch.manual_seed(3)
+    embed, body, head = nn.Embedding(50, 40), nn.Linear(40, 40), nn.Linear(40, 50, bias=False)
+    head.weight = embed.weight
+    model = nn.ModuleDict({"embed": embed, "body": body, "head": head})
+    before = sum(p.numel() for p in model.parameters())
+    assert set(lowrank.factorise(model, params=0.3)) == {"body"}
+    assert model["head"].weight is model["embed"].weight
+    after = sum(p.numel() for p in model.parameters())
+    assert before - after == 40 * 40 - lowrank.rank_for(torch.ones(1), (40, 40), None, 0.3) * 80
+
+
+def test_int4_weights_are_quantised_per_group_of_32_and_convert_exactly() -> None:
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Linear(16, 3))
+    assert quant.prepare(model, bits=4, group=32, activations=False) == ["0", "2"]
+    w = model[0].layer.weight.detach()
+    blocks = w.reshape(16, 2, 32)  # two groups of 32 inputs per output channel
+    scale = blocks.abs().amax(-1, keepdim=True) / 7
+    want = ((blocks / scale).round().clamp(-7, 7) * scale).reshape(16, 64)
+    torch.testing.assert_close(quant.fake_weight(w, 4, 32), want)
+    assert len(torch.unique(quant.fake_weight(w, 4, 32)[0, :32])) <= 15
+    # 16 inputs: 32 does not divide them, so the whole channel shares a scale
+    w2 = model[2].layer.weight.detach()
+    s2 = w2.abs().amax(1, keepdim=True) / 7
+    torch.testing.assert_close(quant.fake_weight(w2, 4, 32),
+                               (w2 / s2).round().clamp(-7, 7) * s2)
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        fake = model(x)  # weights-only: no input range needed before converting
+        quant.convert(model)
+        assert int(model[0].weight_int8.abs().max()) <= 7
+        torch.testing.assert_close(model(x), fake, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="weight bits 1"):
+        quant.prepare(nn.Linear(4, 4), bits=1)
+
+
+def test_the_int8_linear_layers_run_on_fbgemm_kernels_and_export_as_their_emulation() -> None:
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Conv1d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(48, 32), nn.ReLU(), nn.Linear(32, 5))
+    data = torch.randn(20, 1, 12)
+    quant.prepare(model)
+    model.eval()
+    with torch.no_grad(), quant.calibrating(model):
+        model(data)
+    quant.convert(model)
+    q, s = model[3].weight_int8.clone(), model[3].weight_scale.flatten().clone()
+    assert quant.kernels(model) == ["3", "5"]  # the convolution stays as converted
+    assert quant.has_kernels(model) and isinstance(model[0], quant.Int8Layer)
+    kernel = model[3]
+    assert torch.equal(kernel.weight().int_repr(), q)
+    torch.testing.assert_close(kernel.weight().q_per_channel_scales().float(), s)
+    # fbgemm's dynamic int8 GEMM: the input to 7-bit unsigned over its own range
+    x = torch.randn(7, 48)
+    lo, hi = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+    step = (hi - lo) / 127
+    zero = round(-lo / step)
+    xq = ((x / step).round() + zero).clamp(0, 127)
+    want = ((xq - zero) * step) @ (q.float() * s[:, None]).T + kernel.bias()
+    with torch.no_grad():
+        torch.testing.assert_close(kernel(x), want, rtol=1e-4, atol=1e-4)
+        fast = model(data)
+        twin = quant.emulated(model)
+        assert not quant.has_kernels(twin)
+        torch.testing.assert_close(twin(data), fast, rtol=1e-4, atol=1e-5)
+    program = torch.export.export(twin, (data,))
+    torch.testing.assert_close(program.module()(data), fast, rtol=1e-4, atol=1e-5)
+    assert measure.weights(model) == 4 * 3 + 4 + 48 * 32 + 32 + 32 * 5 + 5

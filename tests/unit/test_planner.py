@@ -116,3 +116,61 @@ def test_plan_command_lists_layouts_for_a_llama_8b_on_eight_gpus() -> None:
     assert out.returncode == 0, out.stderr
     assert "8,030.3 M parameters" in out.stdout
     assert "fsdp8" in out.stdout and "yes" in out.stdout
+
+
+class TpBlock(nn.Module):
+    """norm -> fc (column-parallel) -> relu -> proj (row-parallel)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.fc, self.proj = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.relu(self.fc(self.norm(x))))
+
+
+class TpMlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([TpBlock(), TpBlock()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[1](self.blocks[0](x))
+
+
+def test_tensor_parallel_splits_only_what_lies_between_column_and_row_layers() -> None:
+    plan = {"blocks.*.fc": "colwise", "blocks.*.proj": "rowwise"}
+    unit = profile(TpMlp, torch.randn(2, 8), 2, lambda m, b: m(b).square().mean(),
+                   plan).units[0]
+    # Kept: the norm's input (8) and its per-row mean and rstd (1 + 1), the fc's input (the
+    # norm's output, 8: whole on every peer), the ReLU's output (32, also proj's input:
+    # split). Proj's output (whole after its all-reduce) is the next block's to keep.
+    assert unit.saved_bytes == (8 + 2 + 8 + 32) * 4
+    assert unit.tp_saved_bytes == 32 * 4
+    assert (unit.largest_bytes, unit.tp_largest_bytes) == (8 * 4, 32 * 4)
+    machine = Machine("test", 2, 2, 1 * GIB, 1e9, 1e9, 1e9)
+    setting = Setting(global_batch=4, optimizer_states=2, bf16=False, efficiency=0.5)
+    prof = profile(TpMlp, torch.randn(2, 8), 2, lambda m, b: m(b).square().mean(), plan)
+    tp = estimate(prof, Layout(1, 1, 1, 2, 4, False), machine, setting)
+    # Two blocks, the last also keeping the loss's input (8, whole).
+    assert tp.memory["activations"] == 4 * (2 * (8 + 2 + 8 + 32 / 2) + 8) * 4
+    assert tp.memory["backward working"] == 4 * max(8, 32 / 2) * 4
+
+
+def test_fsdp_accumulates_whole_gradients_and_ddp_adds_its_buckets() -> None:
+    prof = _profile()
+    machine = Machine("test", 2, 2, 1 * GIB, 1e9, 1e9, 1e9)
+    setting = Setting(global_batch=8, optimizer_states=2, bf16=False, efficiency=0.5)
+    params = 144 + 68
+    accum = estimate(prof, Layout(1, 1, 2, 1, 2, False), machine, setting)  # 2 micro-batches
+    assert accum.memory["gradients"] == params * 4  # held whole until the last one
+    once = estimate(prof, Layout(1, 1, 2, 1, 4, False), machine, setting)
+    assert once.memory["gradients"] == params * 4 / 2
+    ddp = estimate(prof, Layout(1, 2, 1, 1, 4, False), machine, setting)
+    assert ddp.memory["ddp buckets"] == params * 4
+    pipe = estimate(prof, Layout(2, 1, 1, 1, 2, False), machine, setting)
+    # The first stage (144 parameters) holds the rest of the model (68) too, and one
+    # receive buffer per micro-batch (4) for its output's gradient (a block input: 8 floats).
+    assert pipe.memory["whole model"] == 68 * 4
+    assert pipe.memory["pipeline buffers"] == 4 * 2 * 8 * 4

@@ -56,7 +56,9 @@ class ModelWeights:
         """The weights; DTensor shards stay shards (DCP reshards them)."""
         state = _dcp_state().get_model_state_dict(self.model)
         if self.skip_frozen:
-            frozen = {name.removeprefix("module.") for name, p in self.model.named_parameters()
+            # every name of a shared (tied) parameter: the state dict holds each
+            frozen = {name.removeprefix("module.") for name, p in
+                      self.model.named_parameters(remove_duplicate=False)
                       if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
         return state

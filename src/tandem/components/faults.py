@@ -23,6 +23,12 @@ class FaultInjection(Component):
         self.plan = plan
         self.factor: float | None = None  # what this step's losses are multiplied by
 
+    @classmethod
+    def planned(cls, rank: int, attempt: int) -> FaultInjection | None:
+        """The faults TANDEM_FAULTS plans for this rank and attempt, or None (the usual case)."""
+        plan = FaultPlan.from_env(rank, attempt)
+        return None if plan is None else cls(plan)
+
     def before_step(self, step: int) -> None:
         """Look up this step's loss fault once: it applies to every micro-batch."""
         self.factor = self.plan.loss_factor(step)

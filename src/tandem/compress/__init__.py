@@ -1,4 +1,5 @@
 """Compression: knowledge distillation from a frozen teacher (`distill`), low-rank
 factorisation (`lowrank`), structured channel pruning with a gradual schedule (`prune`),
-and int8 quantisation-aware training with conversion (`quant`). Each is a function or a
-run component; choosing among them by experiment (`tandem compress`) is not built yet."""
+int8 and int4 quantisation-aware training with conversion to fbgemm's int8 kernels
+(`quant`); `tandem compress` (`experiment`, `candidates`, `measure`) weighs them by
+experiment against the original."""

@@ -10,7 +10,8 @@ short fine-tune each needs (`FineTune`).
   half of the fine-tune, then removed, the smaller model fine-tuned for the second half;
 - int8 PTQ: weights and inputs quantised, input ranges calibrated on training batches,
   converted, no training;
-- int8 QAT: fake-quantised, fine-tuned (ranges followed while training), converted.
+- int8 QAT: fake-quantised, fine-tuned (ranges followed while training), converted;
+  both with their Linear layers on fbgemm's int8 kernels (`quant.kernels`).
 
 Beside them, the original fine-tuned the same way (`finetuned`): a control for what the
 extra training alone gives (an undertrained model improves with it, compressed or not).
@@ -162,23 +163,33 @@ def pruned(model: nn.Module, ratio: float, inputs: Sequence[torch.Tensor],
     return out.eval()
 
 
-def int8_ptq(model: nn.Module, tune: FineTune) -> nn.Module:
-    """Quantised after training: input ranges from a few training batches."""
+def int8_ptq(model: nn.Module, tune: FineTune, bits: int = 8, group: int | None = None,
+             fast: bool = True) -> nn.Module:
+    """Quantised after training: input ranges from a few training batches; the Linear
+    layers on fbgemm's int8 kernels (`fast`, int8 only). `bits` 4 with a `group`:
+    int4 weights alone, per group (computed in float)."""
     out = copy.deepcopy(model)
-    quant.prepare(out)
+    quant.prepare(out, bits=bits, group=group, activations=bits == 8)
     out.eval()
     with torch.no_grad(), quant.calibrating(out):
         for batch in itertools.islice(tune.batches(), CALIBRATION_BATCHES):
             tune.task.run_forward(out, batch)
-    return quant.convert(out)
+    return _fast(quant.convert(out), fast and bits == 8)
 
 
-def int8_qat(model: nn.Module, tune: FineTune) -> nn.Module:
-    """Fine-tuned under fake quantisation, then converted."""
+def int8_qat(model: nn.Module, tune: FineTune, bits: int = 8, group: int | None = None,
+             fast: bool = True) -> nn.Module:
+    """Fine-tuned under fake quantisation, then converted (as `int8_ptq`)."""
     out = copy.deepcopy(model)
-    quant.prepare(out)
+    quant.prepare(out, bits=bits, group=group, activations=bits == 8)
     tune.run(out)
-    return quant.convert(out)
+    return _fast(quant.convert(out), fast and bits == 8)
+
+
+def _fast(model: nn.Module, fast: bool) -> nn.Module:
+    if fast:
+        quant.kernels(model)
+    return model.eval()
 
 
 def candidates(model: nn.Module, inputs: Sequence[torch.Tensor],

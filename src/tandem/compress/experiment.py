@@ -23,6 +23,7 @@ holds every candidate's figures, the choice and, for each one not adopted, why.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 from collections.abc import Callable
@@ -34,6 +35,7 @@ import torch
 from rich.console import Console
 from torch import nn
 
+from tandem.compress import quant
 from tandem.compress.candidates import FINETUNED, FineTune, candidates
 from tandem.compress.measure import (
     BATCHES,
@@ -175,7 +177,10 @@ def choose(rows: dict[str, dict[str, Any]], goal: Goal, budget: float,
 
 def export(model: nn.Module, inputs: tuple[torch.Tensor, ...], path: Path) -> int:
     """Write `model` as a torch.export program with a dynamic batch dimension; its bytes.
-    The program reloaded must compute what the model computes."""
+    The program reloaded must compute what the model computes. A model on fbgemm's int8
+    kernels is written as `quant.emulated` (torch.export cannot hold packed weights)."""
+    if quant.has_kernels(model):  # fbgemm's packed weights: the same arithmetic in float ops
+        model = quant.emulated(copy.deepcopy(model))
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(model.eval(), inputs,
                                   dynamic_shapes=tuple({0: batch} for _ in inputs))

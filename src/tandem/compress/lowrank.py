@@ -6,7 +6,9 @@ then a pointwise ConvNd(r -> out). With W = U S V^T, the first factor is sqrt(S)
 the second U sqrt(S), so the pair reproduces the best rank-r approximation of W
 (Eckart-Young). The rank is chosen per layer by the singular-value energy kept
 (`energy`: sum of the kept S^2 over the total) or by the share of the layer's weights
-the pair may hold (`params`); a layer is left whole when the pair would not be smaller.
+the pair may hold (`params`); a layer is left whole when the pair would not be smaller,
+or when its weight is tied to another module's (an output layer sharing its embedding's
+matrix).
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ def factorise(model: nn.Module, energy: float | None = None, params: float | Non
     if params is not None and not 0 < params < 1:
         raise ValueError(f"factorise: params={params} must be in (0, 1)")
     chosen: dict[str, int] = {}
+    shared = tied(model)
     for name, layer in list(model.named_modules()):
-        if name in skip or not _factorable(layer):
+        if name in skip or not _factorable(layer) or id(layer.weight) in shared:
             continue
         matrix = _matrix(layer)
         rows, cols = matrix.shape
@@ -89,6 +92,16 @@ def factorise(model: nn.Module, energy: float | None = None, params: float | Non
         _replace(model, name, factorise_layer(layer, rank))
         chosen[name] = rank
     return chosen
+
+
+def tied(model: nn.Module) -> set[int]:
+    """Ids of the parameters held by more than one module (a language model's output
+    layer tied to its embedding): left whole, for the pair would add weights, not save
+    them, while the embedding keeps the full matrix."""
+    seen: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        seen[id(p)] = seen.get(id(p), 0) + 1
+    return {key for key, count in seen.items() if count > 1}
 
 
 def _factorable(layer: nn.Module) -> bool:

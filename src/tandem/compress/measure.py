@@ -5,6 +5,7 @@ of them alike."""
 
 from __future__ import annotations
 
+import copy
 import io
 import statistics
 import time
@@ -74,14 +75,22 @@ def evaluate(model: nn.Module, task: Task, dataset: Any, metric: str,
 
 def weights(model: nn.Module) -> int:
     """Weight elements the model holds: its parameters and its int8 layers' weights."""
+    from torch.ao.nn.quantized import dynamic
+
     int8 = sum(m.weight_int8.numel() + (0 if m.bias is None else m.bias.numel())
                for m in model.modules() if isinstance(m, Int8Layer))
-    return sum(p.numel() for p in model.parameters()) + int8
+    kernels = sum(m.weight().numel() + (0 if m.bias() is None else m.bias().numel())
+                  for m in model.modules() if isinstance(m, dynamic.Linear))
+    return sum(p.numel() for p in model.parameters()) + int8 + kernels
 
 
 def state_bytes(model: nn.Module) -> int:
     """Bytes of the model's state dict as `torch.save` writes it (the weights a program
-    file holds)."""
+    file holds: for a model on fbgemm's kernels, those of its exported twin)."""
+    from tandem.compress import quant
+
+    if quant.has_kernels(model):
+        model = quant.emulated(copy.deepcopy(model))
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
     return buffer.tell()

@@ -189,10 +189,6 @@ def validate(config: Config) -> Config:
         parse_seq_ramp(config.train.seq_ramp)
     if config.data.mix:
         parse_mix(config.data.mix)
-    if config.train.lora_rank and (config.plan.tp > 1 or config.plan.pp > 1):
-        raise ValueError(f"train.lora_rank: adapters are built for whole layers; plan.tp "
-                         f"{config.plan.tp}, plan.pp {config.plan.pp} split them (use one "
-                         "process, ddp, fsdp, localsgd or diloco)")
     _check_distill(config)
     if config.train.batch_ramp:
         parse_ramp(config.train.batch_ramp, config.train.global_batch)

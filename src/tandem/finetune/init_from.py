@@ -168,6 +168,13 @@ class InitFrom(Component):
         self.kind = kind_of(self.source, field)  # checked at once: before the model is built
         self.loaded: list[str] = []
         self.bytes_read = 0  # from a safetensors source, by this rank
+        self.whole: dict[str, list[int]] = {}  # the whole model's {name: shape}
+
+    def transform_model(self, model: nn.Module, device: torch.device) -> nn.Module:
+        """Note the whole model's names and shapes, before a plan cuts it into stages."""
+        self.whole = {k: list(v.shape) for k, v in model.state_dict().items()
+                      if isinstance(v, torch.Tensor)}
+        return model
 
     def setup(self, parts: RunParts) -> None:
         """Load the weights into the distributed model (every rank)."""
@@ -180,14 +187,16 @@ class InitFrom(Component):
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         own = get_model_state_dict(module)
-        shapes = {k: list(v.shape) for k, v in own.items() if isinstance(v, torch.Tensor)}
+        held = {k: list(v.shape) for k, v in own.items() if isinstance(v, torch.Tensor)}
+        # Matched against the whole model: a pipeline stage holds only its own part
+        shapes = self.whole or held
         opened = {"safetensors": self._safetensors, "dcp": self._dcp}.get(
             self.kind, self._checkpoint)
         path, source_shapes, read = opened(shapes)
         names = rename(source_shapes, self.map_weights)
         keys, problems = match(shapes, {n: source_shapes[k] for n, k in names.items()})
         found = report(path, problems, self.partial, self.field)
-        read(module, own, {k: names[k] for k in keys})
+        read(module, own, {k: names[k] for k in keys if k in held})
         self.loaded = keys
         log.info("%s %s: loaded %d of the model's %d tensors%s", self.field, self.source,
                  len(self.loaded), len(shapes), f" ({found})" if found else "")

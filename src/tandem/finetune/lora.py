@@ -12,11 +12,12 @@ optimizer state is the adapters' alone. The names follow PEFT's (`<module>.lora_
 and an `adapter_config.json`; `merged_state_dict` gives the base model's own state dict
 with each update folded in (W + (alpha / rank) B A), for a model without adapters.
 
-Plans: one process, DDP, FSDP2 and the low-communication strategies. Under FSDP2 a
-layer's frozen base and its adapters are sharded in the same unit; only the adapters
-get gradients to reduce, and the checkpoints hold them whole (DCP gathers the shards),
-so an adapter checkpoint resumes at any world size. Tensor and pipeline parallelism are
-refused (their wrappers are built for the base layers).
+Plans: one process, DDP, FSDP2, tensor and pipeline parallelism and the
+low-communication strategies. Under FSDP2 a layer's frozen base and its adapters are
+sharded in the same unit; only the adapters get gradients to reduce, and the checkpoints
+hold them whole (DCP gathers the shards), so an adapter checkpoint resumes at any world
+size. Under tensor parallelism a split layer's adapters are split with it
+(`finetune.lora_tp`); a pipeline stage holds the adapters of its own layers.
 """
 
 from __future__ import annotations

@@ -52,14 +52,17 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh) -> 
         parallelize_module,
     )
 
+    from tandem.finetune import lora_tp
+
     size = mesh.size()
+    adapted = lora_tp.styles()  # a layer with LoRA adapters splits them with it
     styles = {}
     for pattern, style in plan.items():
         if style not in STYLES:
             raise ValueError(f"Task.tensor_parallel[{pattern!r}]: {style!r} is not a style; "
                              f"use one of {sorted(STYLES)}")
         matched = [(name, module) for name, module in model.named_modules()
-                   if fnmatch.fnmatchcase(name, pattern)]
+                   if fnmatch.fnmatchcase(name, pattern) and not lora_tp.is_adapter(name)]
         if not matched:
             raise ValueError(f"Task.tensor_parallel: {pattern!r} matches no module of "
                              f"{type(model).__name__}")
@@ -72,7 +75,10 @@ def parallelize(model: nn.Module, plan: Mapping[str, str], mesh: DeviceMesh) -> 
                 raise ValueError(f"Task.tensor_parallel: {name} has {dim} "
                                  f"{'output' if style == 'colwise' else 'input'} features, "
                                  f"which plan.tp={size} does not divide")
-            styles[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
+            if lora_tp.is_adapted(module):
+                styles[name] = adapted[style]()
+            else:
+                styles[name] = ColwiseParallel() if style == "colwise" else RowwiseParallel()
     return parallelize_module(model, mesh, styles)
 
 

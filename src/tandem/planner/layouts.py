@@ -5,11 +5,17 @@ tensor-parallel ranks, placed on the device mesh in that order (tp innermost, as
 `parallel.mesh` does), with a micro-batch size and activation checkpointing on or off.
 
 Memory per device, for the stage that needs most: fp32 weights, gradients and optimizer
-state of its parameters (tensor-parallel layers split over tp, everything over fsdp);
-under FSDP the two largest units unsharded at once (prefetch); activations as the profile
-measured them (bf16 halves them; the blocks' split over tp, as with sequence parallelism),
-for as many micro-batches as the schedule keeps in flight (1F1B: min(m, pp) on the first
-stage), with checkpointing only each block's input plus one block's full set.
+state of its parameters (tensor-parallel layers split over tp, everything over fsdp, but
+FSDP's gradients whole while micro-batches accumulate: FSDP2 reduce-scatters them after
+the last one); DDP's gradient buckets (one more copy of the gradients); under a pipeline
+the rest of the model too (tandem keeps it on every stage to evaluate and export the whole
+model); under FSDP the two largest units unsharded at once (prefetch); activations as the
+profile measured them (bf16 halves them; tensor parallelism splits only those between a
+column- and a row-parallel layer), for as many micro-batches as the schedule keeps in
+flight (1F1B: min(m, pp) on the first stage), with checkpointing only each block's input
+plus one block's full set; the backward's working tensors (one gradient the size of the
+stage's largest saved activation); a pipeline stage's receive buffers (one per
+micro-batch of the step, activations from the stage before, gradients from the one after).
 
 Step time: the stages' forward and backward FLOPs (a backward is two forwards; a
 checkpointed block runs its forward twice) at `efficiency` of the device's peak, times
@@ -115,17 +121,29 @@ def estimate(profile: ModelProfile, layout: Layout, machine: Machine,
     act = 0.5 if setting.bf16 else 1.0
     local = [sum(u.params * ((1 - tp_share) + tp_share / layout.tp) if u.is_block
                  else u.params for u in stage) for stage in cut]  # parameters per device
+    whole = sum(local)
     worst: dict[str, float] = {}
     for k, stage in enumerate(cut):
         state = local[k] * 4.0 / layout.fsdp
-        memory = {"weights": state, "gradients": state,
+        accumulating = layout.fsdp > 1 and (m > 1 or layout.pp > 1)
+        memory = {"weights": state, "gradients": local[k] * 4.0 if accumulating else state,
                   "optimizer": state * setting.optimizer_states}
+        if layout.pp == 1 and layout.tp == 1 and layout.fsdp == 1 and layout.dp > 1:
+            memory["ddp buckets"] = state
+        if layout.pp > 1:  # a plain copy of the whole model (a stage's own are shared)
+            memory["whole model"] = (whole - (0 if layout.fsdp > 1 else local[k])) * 4.0
         if layout.fsdp > 1:
             largest = sorted((u.params for u in stage), reverse=True)[:2]
             memory["gathered"] = sum(largest) * (2.0 if setting.bf16 else 4.0)
         in_flight = min(m, layout.pp - k) if layout.pp > 1 else 1
         memory["activations"] = in_flight * layout.micro * act * _saved(stage, profile,
                                                                        layout)
+        memory["backward working"] = layout.micro * act * max(
+            max(u.largest_bytes, u.tp_largest_bytes / layout.tp) for u in stage)
+        if layout.pp > 1:
+            neighbours = (k > 0) + (k < len(cut) - 1)
+            memory["pipeline buffers"] = (neighbours * m * layout.micro * act
+                                          * profile.boundary_bytes)
         if sum(memory.values()) > sum(worst.values()):
             worst = memory
     times = _times(profile, cut, max(local), layout, machine, setting, m)
@@ -138,13 +156,14 @@ def estimate(profile: ModelProfile, layout: Layout, machine: Machine,
 
 def _saved(stage: list[Unit], profile: ModelProfile, layout: Layout) -> float:
     """Bytes saved for the backward per sample of one micro-batch on this stage (fp32)."""
+    def kept(u: Unit) -> float:
+        return u.saved_bytes - u.tp_saved_bytes + u.tp_saved_bytes / layout.tp
+
     blocks = [u for u in stage if u.is_block]
-    other = sum(u.saved_bytes for u in stage if not u.is_block)
+    other = sum(kept(u) for u in stage if not u.is_block)
     if layout.recompute and blocks:
-        kept = len(blocks) * profile.boundary_bytes + max(u.saved_bytes for u in blocks)
-    else:
-        kept = sum(u.saved_bytes for u in blocks)
-    return other + kept / layout.tp
+        return other + len(blocks) * profile.boundary_bytes + max(kept(u) for u in blocks)
+    return other + sum(kept(u) for u in blocks)
 
 
 def _times(profile: ModelProfile, cut: list[list[Unit]], local: float, layout: Layout,

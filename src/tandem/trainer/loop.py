@@ -15,7 +15,6 @@ import torch
 from tandem.checkpoint import CheckpointError, CheckpointManager
 from tandem.components import Chain, Component, RunParts
 from tandem.components.base import checkpoint_states, rollback_names
-from tandem.components.builtin import builtin
 from tandem.config import Config, parse_target
 from tandem.data.loader import to_device
 from tandem.data.memory import load_seconds
@@ -27,6 +26,7 @@ from tandem.parallel import build_strategy, plan_layout
 from tandem.runtime import Runtime
 from tandem.task import Task
 from tandem.trainer import preflight, restore
+from tandem.trainer.builtin import builtin
 from tandem.trainer.calibration import Calibration
 from tandem.trainer.data import build_data
 from tandem.trainer.evaluations import Evaluations
@@ -52,12 +52,12 @@ class Trainer:
         """Build everything the run needs, checking the task's parts before any collective
         (`preflight`): a mistake stops every rank at once with one message. All ranks."""
         self.task, self.config, self.runtime, self.run_dir = task, config, runtime, run_dir
-        self.layout = plan_layout(config.plan, runtime)
-        self.strategy = build_strategy(config.plan, runtime, self.layout, config.run.seed)
         with preflight.stage():
             own = list(task.components()) if task.components is not None else []
             self.components = Chain([*builtin(config, runtime, task), *own, *components])
         try:
+            self.layout = plan_layout(config.plan, runtime)
+            self.strategy = build_strategy(config.plan, runtime, self.layout, config.run.seed)
             self._build()
         except BaseException:
             self.components.close()
@@ -83,6 +83,12 @@ class Trainer:
             preflight.check_target(target, task.metrics, data.eval_dataset)
             batch = preflight.first_batch(
                 data.dataset, data.first_ids(self.batches.micro, config.run.seed), data.collate)
+        self.monitor = LiveMonitor(
+            device=runtime.device, rank=runtime.rank, world_size=runtime.world_size,
+            log_every=config.monitor.log_every, tokens_per_sample=task.tokens_per_sample,
+            timing=config.monitor.timing, sharded=self.strategy.shards_weights,
+            measures_comm=self.strategy.times_comm,
+            free_running=self.strategy.info.free_running)
         # Before any forward: FSDP2 leaves its unsharded parameters registered after one.
         self.components.setup(RunParts(self.model, self.strategy.module, self.optimizer,
                                        runtime.device, self.strategy.weights_replaced))
@@ -93,12 +99,6 @@ class Trainer:
         self.started_at: float | None = None  # when this attempt's training began
         self.stopped_at_target = False  # train.stop_at_target ended the run early
         self.preemption = PreemptionFlag(announce=runtime.is_main)
-        self.monitor = LiveMonitor(
-            device=runtime.device, rank=runtime.rank, world_size=runtime.world_size,
-            log_every=config.monitor.log_every, tokens_per_sample=task.tokens_per_sample,
-            timing=config.monitor.timing, sharded=self.strategy.shards_weights,
-            measures_comm=self.strategy.times_comm,
-            free_running=self.strategy.info.free_running)
         self.steps = StepRunner(StepParts(
             task=data.train_task, config=config, model=self.model, optimizer=self.optimizer,
             params=self.params, strategy=self.strategy, precision=self.precision,

@@ -10,7 +10,6 @@ from tandem.components.model import Compile, Recompute
 from tandem.components.task_losses import task_losses
 from tandem.compress.distill import from_config as distillation
 from tandem.config import Config
-from tandem.faults import FaultPlan
 from tandem.finetune.freeze import Freeze, parse_patterns
 from tandem.finetune.init_from import InitFrom
 from tandem.finetune.lora import LoRA
@@ -45,7 +44,6 @@ def builtin(config: Config, runtime: Runtime, task: Task) -> list[Component]:
         out.append(teacher)
     out.append(Liveness(runtime.store, runtime.rank, runtime.world_size,
                         config.fault.heartbeat_s))
-    faults = FaultPlan.from_env(runtime.rank, runtime.restart_count)
-    if faults is not None:
-        out.append(FaultInjection(faults))
+    if (faults := FaultInjection.planned(runtime.rank, runtime.restart_count)) is not None:
+        out.append(faults)
     return out
