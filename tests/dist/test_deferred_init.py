@@ -92,3 +92,55 @@ def test_a_parameter_without_reset_parameters_is_named() -> None:
     assert model[0].weight.device.type == "meta"
     with pytest.raises(ValueError, match=r"1\.w"):
         deferred.materialise(model, torch.device("cpu"), SEED)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.proj = nn.Linear(6, 12), nn.Linear(12, 6)  # 12 and 6 rows over 2 peers
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(torch.relu(self.fc(x)))
+
+
+class Stacked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _pipeline_tp_weights(rank: int, world: int, out: str) -> None:
+    plan = PlanConfig(pp=2, tp=2, pp_schedule="1F1B", init="deferred")
+    runtime = start(plan)
+    try:
+        place = layout(2, runtime.rank, runtime.world_size, runtime.device, pp=2)
+        built = build_strategy(plan, runtime, place, SEED)
+        built.wrap(Stacked, {"blocks.*.fc": "colwise", "blocks.*.proj": "rowwise"})
+        whole = built.export_model(Stacked)  # every stage's tensor-parallel shards gathered
+        if rank == 0:
+            torch.save({k: v.detach().clone() for k, v in whole.state_dict().items()},
+                       Path(out) / "pp-tp.pt")
+    finally:
+        stop(runtime)
+
+
+@pytest.mark.timeout(150)
+def test_deferred_weights_under_pipeline_and_tensor_parallel_equal_the_reference(
+        tmp_path: Path) -> None:
+    # PP2 x TP2: each stage's split layers materialised as shards on meta-built modules.
+    run_ranks(_pipeline_tp_weights, 4, str(tmp_path), timeout=130)
+    got = torch.load(tmp_path / "pp-tp.pt", weights_only=True)
+    model = Stacked()
+    for name, module in model.named_modules():
+        if any(True for _ in module.parameters(recurse=False)):
+            torch.manual_seed(derive_seed("init", SEED, name))
+            module.reset_parameters()
+    want = model.state_dict()
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert torch.equal(got[key], value), key

@@ -42,6 +42,7 @@ class SimRunner(TrialRunner):
         self.job = {"train.global_batch": BATCH, "precision.mode": "fp32",
                     "data.workers": 0, **(job or {})}
         self.launched: list[tuple[str, dict[str, Any]]] = []
+        self.slowdown = 1.0
         self.env = {"ONEDNN_MAX_CPU_ISA": "AVX2"}  # no fast half kernels, on any host
 
     def resolve(self, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -63,6 +64,7 @@ class SimRunner(TrialRunner):
         started = self.now
         timeout, capped = self.limit(started)  # the real runner's timeout, on this clock
         rate = self.rate(changes) * math.exp(self.rng.gauss(0.0, self.noise))
+        rate /= self.slowdown if self.runs > 1 else 1.0  # a neighbour's load after the probe
         per_step = BATCH / rate
         self.now += START_S
         with RunStore(self.store_path) as store:
@@ -255,3 +257,18 @@ def test_the_last_candidate_takes_the_pairs_the_budget_left_affords(tmp_path: Pa
              for t in (alone, first)}
     assert pairs[first] <= 4
     assert 4 < pairs[alone] <= MAX_LAST_PAIRS
+
+
+def test_runs_follow_the_machine_when_it_slows_down_after_the_probe(tmp_path: Path) -> None:
+    # After the probe every run is 5 times slower: the first run sized from the probe's
+    # pace lasts about 5 x run_s; each later one is sized from the run before it.
+    runner = SimRunner(tmp_path, {}, 0.03, 0)
+    runner.slowdown = 5.0
+    tuner = Tuner(runner, Settings(budget_s=300.0, run_s=5.0), "tune-sim-slow",
+                  [_cand("x.a", 1, 1.2)], echo=lambda text: None, clock=lambda: runner.now)
+    tuner.run()
+    runs = sorted({id(r): r for a in tuner.bench.arms for p in a.pairs
+                   for r in (p.arm, p.reference) if r is not tuner.a0}.values(),
+                  key=lambda r: r.name)
+    long = [r.name for r in runs if r.wall_s - START_S > 5.0 * 2]
+    assert len(runs) >= 4 and len(long) <= 1, long

@@ -14,7 +14,8 @@ budget on each run of its baseline and placebo, and leaves nothing for candidate
   logging windows. The seconds per step are the plan's own when it has been the
   session's current plan (`Pace`: the original plan's placebo runs after an adoption
   keep the original's pace; a 10x faster adoption would make them 10 times too long),
-  else the current plan's. A candidate whose prediction says it is faster gets its
+  else the current plan's; each of its runs updates it (`Pace.follow`: the machine's
+  load changes during a session). A candidate whose prediction says it is faster gets its
   predicted share more steps (at most MAX_STRETCH times), so that its run also lasts
   about run_s and measures it over enough windows (more windows of the unstretched
   run's size, so that its losses are logged at its reference's steps).
@@ -123,6 +124,14 @@ class Pace:
         seconds = wall_per_step(windows)
         if seconds:
             self.of[plan] = self.latest = seconds
+
+    def follow(self, plan: tuple[tuple[str, str], ...], windows: Sequence[WindowFigure]
+               ) -> None:
+        """Update a known plan's pace from another of its runs: the machine may have
+        slowed since (a neighbour's load). Sized from the probe's pace alone, runs at
+        load 12-16 with a core kept busy lasted 3-6 times run_s and starved the session."""
+        if plan in self.of:
+            self.note(plan, windows)
 
     def size(self, plan: tuple[tuple[str, str], ...], current: tuple[tuple[str, str], ...],
              run_s: float, stretch: float = 1.0) -> RunSize | None:

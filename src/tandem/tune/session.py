@@ -145,7 +145,10 @@ class Tuner:
             self.stretch.get(self._key(changes), 1.0))
         steps, log_every = ((sized.steps, sized.log_every) if sized else
                             (self.s.steps or runsize.MIN_STEPS, self.s.log_every))
-        return self.runner.run(name, changes, steps, log_every, control)
+        out = self.runner.run(name, changes, steps, log_every, control)
+        if tag == PLACEBO:  # between pairs: a pair's two runs share their window size
+            self.pace.follow(self._key(changes), out.windows)
+        return out
 
     def _probe(self) -> RunOutcome:
         """The baseline run: fixed steps, or (sized in seconds) stopped once its windows
