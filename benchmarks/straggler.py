@@ -41,18 +41,22 @@ DEMO = ROOT / "examples" / "mnist1d_cnn.py"
 PLANS = ("async", "ddp", "diloco")
 
 
-def run(out: Path, name: str, plan: str, seed: int, args: argparse.Namespace) -> dict[str, float]:
-    """One run of the demo under `plan`, one worker slowed; its figures."""
+def run(out: Path, name: str, plan: str, seed: int, args: argparse.Namespace,
+        slowed: bool = True) -> dict[str, float]:
+    """One run of the demo under `plan`, one worker slowed (unless not `slowed`); its
+    figures."""
     flags = [*QUIET, "--run.dir", str(out), "--run.name", name, "--run.seed", str(seed),
              "--train.steps", str(args.steps), "--train.eval_every", "10",
              "--train.target", args.target, "--monitor.calibrate_at", "0",
              "--plan.strategy", plan, "--plan.sync_every", str(args.sync_every),
              "--plan.staleness", str(args.staleness),
-             "--plan.outer_momentum", str(args.outer_momentum)]
+             "--plan.outer_momentum", str(args.outer_momentum),
+             "--plan.outer_lr", str(args.outer_lr)]
     slow = {"seconds": args.slow_s} if args.slow_s > 0 else {"phase": "optim",
                                                               "factor": args.slow_factor}
     extra = {"TANDEM_FAULTS": json.dumps([{"rank": args.slow_rank, "step": 0,
-                                           "until": args.steps, "kind": "slow", **slow}])}
+                                           "until": args.steps, "kind": "slow", **slow}]
+                                         if slowed else [])}
     cmd = tandem_command(["--nproc-per-node", "4"], DEMO, flags)
     run_checked(cmd, timeout=1800, env=child_env(extra), what=f"{plan} seed {seed}")
     got = summary(out / name)
@@ -129,10 +133,15 @@ def main() -> int:
     parser.add_argument("--sync-every", type=int, default=4)
     parser.add_argument("--outer-momentum", type=float, default=0.9,
                         help="plan.outer_momentum of async and diloco")
+    parser.add_argument("--outer-lr", type=float, default=0.7,
+                        help="plan.outer_lr of async and diloco")
     parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
     parser.add_argument("--slow-rank", type=int, default=3)
     parser.add_argument("--slow-factor", type=float, default=1.0,
                         help="the slowed worker sleeps this many times its step's time")
+    parser.add_argument("--slow", choices=("fixed", "relative"), default="fixed",
+                        help="fixed: sleep --slow-factor x the step time of an unslowed DDP "
+                        "run measured first; relative: --slow-factor x the step's own time")
     parser.add_argument("--slow-s", type=float, default=0.0,
                         help="seconds the slowed worker sleeps a step instead (0: off)")
     parser.add_argument("--out", default="")
@@ -154,6 +163,12 @@ def main() -> int:
     began = time.perf_counter()
     print(f"host load (1/5/15 min): {os.getloadavg()}", flush=True)
     seeds = list(range(args.seeds))
+    if args.slow == "fixed" and args.slow_s <= 0:
+        normal = run(out, "calibrate", "ddp", 0, args, slowed=False)
+        args.slow_s = args.slow_factor * normal["step_s"]
+        print(f"calibration (ddp, no worker slowed): {normal}; the slowed worker sleeps "
+              f"{args.slow_factor} x its step p50 = {args.slow_s * 1e3:.1f} ms a step",
+              flush=True)
     results: dict[tuple[str, int], dict[str, float]] = {}
     for seed in seeds:
         plans = [p for p in PLANS if p in args.plans]

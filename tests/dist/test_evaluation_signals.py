@@ -11,7 +11,7 @@ import pytest
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import tandem
-from tandem.analyze.diagnosis.diagnose import diagnose
+from tandem.analyze.diagnosis.diagnose import diagnose_run
 from tandem.monitor.store import RunStore
 from tests.dist import toy_task
 from tests.dist.procs import run_ranks
@@ -48,19 +48,26 @@ def _fit(rank: int, world: int, out: str, case: str) -> None:
     tandem.fit(task, config=cfg)
 
 
-def _findings(out: Path) -> tuple[dict[str, dict], list[dict]]:
+def _diagnosis(out: Path) -> tuple[list, list[dict]]:
     with RunStore(out / "tandem.db") as store:
-        run_id = store.runs()[-1]["run_id"]
-        metrics, events = store.metrics(run_id), store.events(run_id)
-    found = diagnose(metrics, events)
+        run = store.runs()[-1]
+        metrics, events = store.metrics(run["run_id"]), store.events(run["run_id"])
+    return diagnose_run(run, metrics, events), metrics
+
+
+def _findings(out: Path) -> tuple[dict[str, dict], list[dict]]:
+    found, metrics = _diagnosis(out)
     return {f.kind: f.evidence for f in found}, metrics
 
 
 @pytest.mark.timeout(120)
 def test_a_slow_rank_is_flagged_as_straggler(tmp_path: Path) -> None:
     run_ranks(_fit, 2, str(tmp_path), "straggler", timeout=100)
-    found, metrics = _findings(tmp_path)
-    assert "straggler" in found and found["straggler"]["rank"] == 1
+    found, metrics = _diagnosis(tmp_path)
+    named = {f.kind: f for f in found}
+    assert "straggler" in named and named["straggler"].evidence["rank"] == 1
+    assert named["straggler"].message.startswith("workers wait for a straggler")
+    assert any("plan.strategy async" in s for s in named["straggler"].suggestions)
     scores = [m["value"] for m in metrics if m["name"] == "straggler/score" and m["rank"] == 1]
     assert min(scores[1:]) > 1.15
 

@@ -24,12 +24,14 @@ def _workers(world: int, staleness: int) -> list[StalenessLog]:
 
 
 def _outer_steps(steps: list[list[tuple[torch.Tensor, int]]], world: int) -> torch.Tensor:
-    """Plain outer Nesterov steps over (delta, staleness) pushes, each weighted 1/(1+tau)."""
+    """Plain outer Nesterov steps over (delta, staleness) pushes, each weighted 1/(1+tau),
+    the momentum by their mean weight."""
     outer, velocity = torch.zeros(4), torch.zeros(4)
     for pushes in steps:
         g = sum(d / (1 + tau) for d, tau in pushes) / world
-        velocity = MOMENTUM * velocity + g
-        outer = outer - LR * (g + MOMENTUM * velocity)
+        m = MOMENTUM * sum(1 / (1 + tau) for _, tau in pushes) / len(pushes)
+        velocity = m * velocity + g
+        outer = outer - LR * (g + m * velocity)
     return outer
 
 
@@ -91,6 +93,30 @@ def test_a_checkpoint_of_the_log_keeps_the_pushes_in_flight() -> None:
     want = _outer_steps([[(d[0], 0), (d[1], 0), (d[2], 0)],
                          [(d[3], 0), (d[1], 1), (d[2], 1)]], 3)
     torch.testing.assert_close(fresh[0].outer, want)
+
+
+def test_a_log_resumed_at_another_world_size_folds_what_was_in_flight() -> None:
+    a, b, c = _workers(3, staleness=1)
+    d = [torch.full((4,), float(k + 1)) for k in range(5)]
+    a.try_push(d[0]), b.try_push(d[1]), c.try_push(d[2]), a.pull()
+    a.try_push(d[3])  # step 1 holds one push of three; b and c trained on, unpushed
+    a.replay(a.counted() // 3)
+    saved, applied = a.in_flight(), a.applied
+    # On 2 workers: the push in flight and the unpushed changes (b's from version 0, c's
+    # from version 1) make step 1, over the 3 places it was numbered for ...
+    fresh = _workers(2, staleness=1)
+    for worker in fresh:
+        worker.outer.copy_(a.outer)
+        worker.velocity.copy_(a.velocity)
+        worker.fold(saved, applied, 3, [(0, d[4]), (1, d[1])])
+    want = _outer_steps([[(d[0], 0), (d[1], 0), (d[2], 0)],
+                         [(d[3], 0), (d[4], 1), (d[1], 0)]], 3)
+    for worker in fresh:
+        torch.testing.assert_close(worker.outer, want)
+        assert worker.applied == worker.version == 0
+    # ... and a new log of 2 workers starts from that model: both push into its step 0.
+    assert fresh[0].try_push(d[0]) == 0 and fresh[1].try_push(d[1]) == 1
+    assert fresh[0].taus == {0: 1}
 
 
 def test_shares_are_taken_once_and_a_straggler_s_are_taken_by_others() -> None:

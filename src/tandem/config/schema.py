@@ -124,7 +124,8 @@ class TrainConfig:
 class DataConfig:
     """The input pipeline."""
 
-    workers: int = _doc(0, "DataLoader worker processes per rank")
+    workers: int = _doc(0, "DataLoader worker processes per rank (not used by plan.strategy "
+                        "async, which loads each share when a worker claims it)")
     pin_memory: bool = _doc(True, "pin host memory of batches when training on CUDA")
     prefetch: int = _doc(2, "batches each DataLoader worker loads ahead")
     in_memory: bool = _doc(

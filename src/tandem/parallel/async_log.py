@@ -6,9 +6,11 @@ the order they were numbered. A push is a worker's change since its pull (its
 pseudo-gradient, as DiLoCo's) and the version it pulled (v: the outer steps applied in
 the model it started from). Its staleness is tau = i - v. The outer step averages the
 pushes, each scaled by 1 / (1 + tau) (staleness-aware: a stale change counts less), and
-applies DiLoCo's outer Nesterov step. Every worker replays the same pushes in the same
-order, so every worker computes the same outer model: there is no parameter server, and
-no worker waits for another to apply anything.
+applies DiLoCo's outer Nesterov step with its momentum scaled by the pushes' mean weight
+(asynchrony acts as momentum of its own; with s = 0 every weight is 1: DiLoCo's step).
+Every worker replays the same pushes in the same order, so every worker computes the
+same outer model: there is no parameter server, and no worker waits for another to apply
+anything.
 
 The staleness bound s holds by reservation: a push is numbered only while every other
 worker still training keeps a free place in an outer step at most s after its own v
@@ -44,6 +46,12 @@ _POLL_S = 0.0005  # between looks at the store while waiting to pull
 def weight(tau: int) -> float:
     """The share a push `tau` outer steps stale keeps in its outer step."""
     return 1.0 / (1.0 + tau)
+
+
+def _decode(raw: bytes) -> tuple[int, torch.Tensor]:
+    """A push as written: (the version it was pulled at, its change)."""
+    v = int(torch.frombuffer(bytearray(raw[:8]), dtype=torch.int64)[0])
+    return v, torch.frombuffer(bytearray(raw[8:]), dtype=torch.float32)
 
 
 class StalenessLog:
@@ -188,39 +196,60 @@ class StalenessLog:
             i = self.applied
             seqs = [q for q in range(i * self.world, (i + 1) * self.world) if q < count]
             self.store.wait([f"push/{q}" for q in seqs])
-            self._apply(i, [self.store.get(f"push/{q}") for q in seqs])
+            self._apply(i, [_decode(self.store.get(f"push/{q}")) for q in seqs], self.world)
             self.applied += 1
             if self.store.add(f"read/{i}", 1) == self.world:  # the last reader cleans up
                 for q in seqs:
                     self.store.delete_key(f"push/{q}")
 
-    def _apply(self, i: int, pushes: list[bytes]) -> None:
+    def _apply(self, i: int, pushes: list[tuple[int, torch.Tensor]], places: int) -> None:
+        """Outer step `i` from `pushes` ((version pulled, change)) over `places` (the
+        world size the step was numbered for)."""
         total = torch.zeros_like(self.outer)
-        for raw in pushes:
-            v = int(torch.frombuffer(bytearray(raw[:8]), dtype=torch.int64)[0])
-            delta = torch.frombuffer(bytearray(raw[8:]), dtype=torch.float32)
+        for v, delta in pushes:
             total.add_(delta.to(self.outer.device), alpha=weight(i - v))
-        pseudo_grad = total / self.world
-        self.velocity.mul_(self.outer_momentum).add_(pseudo_grad)
-        self.outer.sub_(self.outer_lr * (pseudo_grad + self.outer_momentum * self.velocity))
+        # Stale pushes carry momentum of their own (their change went on from an older
+        # model): the outer momentum shrinks by the step's mean weight (1 with s = 0).
+        m = self.outer_momentum * sum(weight(i - v) for v, _ in pushes) / len(pushes)
+        pseudo_grad = total / places
+        self.velocity.mul_(m).add_(pseudo_grad)
+        self.outer.sub_(self.outer_lr * (pseudo_grad + m * self.velocity))
 
     def _keys(self, lo: int, hi: int) -> list[str]:
         return [f"push/{q}" for q in range(lo * self.world, hi * self.world)]
 
     # ------------------------------------------------------------ checkpoints
-    def in_flight(self) -> dict[str, Any]:
+    def in_flight(self, places: int | None = None) -> dict[str, Any]:
         """The log's state and the pushes not yet in an applied outer step, as one tensor
         of fixed shape (fewer than N pushes: the same keys in every checkpoint); the same
-        on every worker at a sync point, once each replayed the complete steps."""
+        on every worker at a sync point, once each replayed the complete steps. `places`:
+        the N of the shape (a template for a checkpoint of another world size)."""
         state = self._state()
         count = state["count"]
         first = max(count // self.world, self.applied) * self.world
         width = 8 + 4 * self.outer.numel()
-        pending = torch.zeros(self.world - 1, width, dtype=torch.uint8)
+        pending = torch.zeros((places or self.world) - 1, width, dtype=torch.uint8)
         for k, q in enumerate(range(first, count)):
             pending[k] = torch.frombuffer(bytearray(self.store.get(f"push/{q}")),
                                           dtype=torch.uint8)
         return {"state": json.dumps(state), "pending": pending}
+
+    def fold(self, saved: dict[str, Any], applied: int, saved_world: int,
+             unpushed: list[tuple[int, torch.Tensor]]) -> None:
+        """Resume a log written by `saved_world` workers at another world size: the
+        pushes it had in flight and the workers' `unpushed` changes ((version, change))
+        join outer step `applied` as its last, partial step (what the end of a run does:
+        every change counts once), and a new log starts, every worker at version 0 of
+        the outer model that gives (rank 0 writes the store; the caller waits)."""
+        state = json.loads(saved["state"])
+        first = max(state["count"] // saved_world, applied) * saved_world
+        pushes = [_decode(saved["pending"][k].numpy().tobytes())
+                  for k in range(state["count"] - first)]
+        if pushes or unpushed:
+            self._apply(applied, pushes + unpushed, saved_world)
+        self.applied = self.version = 0
+        if self.rank == 0:
+            self.store.set("state", StalenessLog.initial(self.world))
 
     def restore(self, saved: dict[str, Any], applied: int, version: int) -> None:
         """Put a checkpoint's log back (rank 0 writes the store; every rank its counters;

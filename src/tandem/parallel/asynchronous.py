@@ -13,7 +13,10 @@ batch, handed out by `tandem.data.claims`, so every sample is used once.
 
 Checkpoints (taken at a sync point) hold the outer model and momentum, the pushes of the
 outer step not yet complete, and each worker's replica, the model it pulled, its steps
-since and its optimizer. A resume needs the same number of workers.
+since and its optimizer. A resume at another number of workers folds every worker's
+change not yet pushed, and the pushes in flight, into the outer model (the run's end
+does the same) and starts every worker from it: a sample trained before the checkpoint
+counts once, and the data goes on from the checkpoint's step.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ class AsyncStrategy(Strategy):
         self.inner = 0  # local steps since the pull
         self.pushed: int | None = None  # the number of a push not yet followed by a pull
         self.per_replica: dict[str, Any] = {}
+        self.saved_world = self.world  # the workers of the checkpoint to be loaded
         self._reset_counters()
         dist.barrier()
         return model
@@ -196,17 +200,29 @@ class AsyncStrategy(Strategy):
                                -1 if self.pushed is None else self.pushed])
         replica = cloned({"weights": dict(enumerate(self.tensors)), "start": self.start,
                            "round": round_, **held})
+        # Loading a checkpoint of another world size, every rank reads every replica.
+        ranks = range(self.saved_world) if self.saved_world != self.world else [self.rank]
         return {"outer": self.log.outer, "velocity": self.log.velocity,
-                "applied": self.log.applied, "log": self.log.in_flight(),
-                f"replica{self.rank}": replica, "world": self.world}
+                "applied": self.log.applied, "log": self.log.in_flight(self.saved_world),
+                **{f"replica{r}": replica if r == self.rank else cloned(replica)
+                   for r in ranks}, "world": self.world}
+
+    def expect_saved_world(self, world: int) -> None:
+        """The checkpoint to be loaded was written by `world` workers."""
+        self.saved_world = world
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore `state_dict` output (written by as many workers). All ranks."""
+        """Restore `state_dict` output (written by as many workers or, after
+        `expect_saved_world`, by another number). All ranks."""
         assert self.log is not None
-        if state["world"] != self.world or f"replica{self.rank}" not in state:
+        saved = int(state["world"])
+        if saved != self.world and self.saved_world != saved:
             raise ValueError(f"plan.strategy async: the checkpoint holds the replicas of "
-                             f"{state['world']} workers; resume it on {state['world']}, "
-                             f"not {self.world}")
+                             f"{saved} workers, not announced by expect_saved_world")
+        self.saved_world = self.world
+        if saved != self.world:
+            self._load_resized(state, saved)
+            return
         self.log.outer.copy_(state["outer"])
         self.log.velocity.copy_(state["velocity"])
         replica = state[f"replica{self.rank}"]
@@ -220,6 +236,30 @@ class AsyncStrategy(Strategy):
         for name, held in self.per_replica.items():
             held.load_state_dict(overlay(state["replica0"].get(name), replica.get(name)))
         dist.barrier()  # the store holds the log again before anyone reads it
+
+    def _load_resized(self, state: dict[str, Any], saved: int) -> None:
+        """A checkpoint of `saved` workers on this world: each worker's change not yet
+        pushed and the pushes in flight make the outer model's last step (every trained
+        sample counts once); every worker starts a new log from that model, rank r with
+        old worker r's optimizer (r mod `saved`: a new worker takes an old one's)."""
+        assert self.log is not None
+        self.log.outer.copy_(state["outer"])
+        self.log.velocity.copy_(state["velocity"])
+        unpushed = []
+        for r in range(saved):
+            replica = state[f"replica{r}"]
+            version, inner, pushed = (int(x) for x in replica["round"])
+            if pushed < 0 and inner > 0:  # a pushed change waits in the log already
+                weights = flat([replica["weights"][str(i)] for i in range(len(self.tensors))])
+                unpushed.append((version, replica["start"].float() - weights))
+        self.log.fold(state["log"], int(state["applied"]), saved, unpushed)
+        self.start.copy_(self.log.outer)
+        assign(self.start, self.tensors)
+        self.inner, self.pushed = 0, None
+        own = state[f"replica{self.rank % saved}"]
+        for name, held in self.per_replica.items():
+            held.load_state_dict(overlay(state["replica0"].get(name), own.get(name)))
+        dist.barrier()  # the store holds the new log before anyone reads it
 
     def fresh_start(self) -> None:
         """Resumed from another plan's checkpoint: the outer model is its weights."""

@@ -45,6 +45,9 @@ class StrategyInfo:
     """Has nothing to do on one process: runs as `single` there."""
     saves_replicas: bool = False
     """Checkpoints hold every replica's own weights: one may fall between meetings."""
+    resizes: bool = False
+    """With `saves_replicas`: its checkpoint resumes at another world size too (the
+    replicas' changes are folded into the outer model)."""
     free_running: bool = False
     """Workers take local steps at their own pace between the run's sync points (windows,
     evaluations, checkpoints): the trainer's async pace, not one step on every rank."""
@@ -88,7 +91,7 @@ ASYNC = StrategyInfo(
     summary="workers push their change every sync_every steps and pull the averaged model "
     "without waiting for each other, an update at most plan.staleness outer steps stale "
     "(0: synchronous, as diloco)", meets_every=True, needs_world=True, saves_replicas=True,
-    free_running=True)
+    resizes=True, free_running=True)
 TP = StrategyInfo(
     name="tp", path="tandem.parallel.tensor:TensorParallelStrategy",
     summary="data x tensor parallel, chosen by plan.tp > 1", choosable=False,

@@ -226,6 +226,10 @@ class Strategy:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict` output."""
 
+    def expect_saved_world(self, world: int) -> None:
+        """A checkpoint of this plan written by `world` processes is about to be loaded
+        (a plan that `resizes` lists every one of its replicas in `state_dict` then)."""
+
     def fresh_start(self) -> None:
         """The run resumed from a checkpoint of another plan, without this plan's state:
         start it from the weights loaded."""

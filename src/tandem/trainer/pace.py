@@ -6,11 +6,14 @@
   loop logs a window, evaluates, checkpoints, calibrates or ends) each worker takes local
   steps at its own pace, each on one share of one global batch (`tandem.data.claims`), with
   that global step's learning rate and seed. The stretch ends when every share before the
-  sync point is taken; after a barrier every rank stands at that step together.
+  sync point is taken; after a barrier every rank stands at that step together. A share
+  is claimed when its worker is free and loaded then, in the worker's own process:
+  `data.workers` (loader processes) has nothing to prefetch here and is not used.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -21,6 +24,8 @@ from tandem.data.loader import to_device
 from tandem.data.sampler import Cursor, epoch_order, rank_slice
 from tandem.runtime import seed_step
 from tandem.trainer.data import micro_batches
+
+log = logging.getLogger("tandem")
 
 if TYPE_CHECKING:
     from tandem.trainer.loop import Trainer
@@ -96,6 +101,10 @@ class AsyncPace(LockstepPace):
         self.cursor = Cursor(epoch=t.progress.cursor.epoch, offset=t.progress.cursor.offset)
         self.order: tuple[int, Any] | None = None
         self.world = t.batches.dp_size
+        if t.config.data.workers and t.runtime.rank == 0:
+            log.warning("data.workers = %d is not used by plan.strategy async: each share is "
+                        "loaded when a worker claims it, in that worker's process",
+                        t.config.data.workers)
         t.strategy.begin(t.state.step)
 
     def _boundary(self) -> int:

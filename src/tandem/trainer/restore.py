@@ -69,8 +69,12 @@ def resume(checkpoints: CheckpointManager, config: Config, run_dir: Path,
     saved = meta.get("states", {})
     fresh = [name for name in optional if name not in saved]
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if not resume_rules.plan_state_kept(old, config, int(meta.get("world_size", world)), world):
+    saved_world = int(meta.get("world_size", world))
+    if not resume_rules.plan_state_kept(old, config, saved_world, world):
         fresh.append(STRATEGY)  # another plan's: this plan's starts from the loaded weights
+    elif STRATEGY in checkpoints.states:  # a plan that resizes reads every replica
+        held = checkpoints.states[STRATEGY]
+        getattr(held, "state", held).expect_saved_world(saved_world)
     names = [name for name in checkpoints.states if name not in fresh]
     if resume_rules.OPTIMIZER in warning:  # another optimizer, allowed: start its state
         names.remove("optim")

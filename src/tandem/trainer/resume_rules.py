@@ -77,10 +77,14 @@ def plan_state_kept(old: Config, new: Config, old_world: int, world: int) -> boo
 
     A plan whose checkpoints hold every replica (between meetings the run's own model
     section holds, tensor by tensor, any one of them) resumes only as itself, with the
-    same parts and world size: raise UsageError otherwise."""
+    same parts and world size (a plan that `resizes`: at any world size): raise
+    UsageError otherwise."""
     before, now = old.plan, new.plan
-    if not REGISTRY[before.strategy].saves_replicas:
+    info = REGISTRY[before.strategy]
+    if not info.saves_replicas:
         return before.strategy == now.strategy
+    if info.resizes and now.strategy == before.strategy:
+        return True
     if (now.strategy, now.fragments, world) != (before.strategy, before.fragments, old_world):
         raise UsageError(
             f"run.resume: the checkpoint holds the replicas of plan.strategy "
