@@ -7,8 +7,8 @@ checkpointing, DDP, FSDP, tensor parallel, a two-stage 1F1B pipeline), fp32, Ada
 batch 32 in micro-batches of 8. Each run traces its tensor memory from the model's first
 build to the end of the last step (`plan_memory_task.py`: torch's profiler, every
 allocation and free); the measured figure is the highest process's peak of live tensor
-bytes. The planner's figure is its memory per device (weights, gradients, optimizer state,
-FSDP's gathered units, activations of the micro-batches in flight) for the same layout.
+bytes (replayed by address from the allocator's records). The planner's figure is its
+memory per device for the same layout, by part (`tandem.planner.layouts`).
 """
 
 from __future__ import annotations

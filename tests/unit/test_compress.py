@@ -177,6 +177,8 @@ def test_a_weight_tied_to_an_embedding_is_left_whole() -> None:
     assert model["head"].weight is model["embed"].weight
     after = sum(p.numel() for p in model.parameters())
     assert before - after == 40 * 40 - lowrank.rank_for(torch.ones(1), (40, 40), None, 0.3) * 80
+    # nor is it quantised: an int8 copy would add to the embedding's float matrix
+    assert quant.prepare(model) == ["body.0", "body.1"]
 
 
 def test_int4_weights_are_quantised_per_group_of_32_and_convert_exactly() -> None:

@@ -200,7 +200,14 @@ def prepare(model: nn.Module, skip: Sequence[str] = (), bits: int = 8,
             group: int | None = None, activations: bool = True) -> list[str]:
     """Wrap every Linear and ConvNd (but those named in `skip`) in FakeQuant, in place:
     int8 weights and inputs by default; `bits` 4, `group` 32, `activations` False for
-    int4 weights alone, per group of 32."""
+    int4 weights alone, per group of 32. A layer whose weight is tied to another module's
+    (an output layer sharing its embedding's matrix) is left in float: a quantised copy
+    would add to the weights the embedding keeps."""
+    from tandem.compress.lowrank import tied
+
+    shared = tied(model)
+    skip = (*skip, *(n for n, m in model.named_modules()
+                     if isinstance(m, _LAYERS) and id(m.weight) in shared))
     return _swap(model, _LAYERS,
                  lambda m: FakeQuant(m, bits, group, activations), skip)
 
