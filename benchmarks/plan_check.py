@@ -14,7 +14,6 @@ run's time matches by construction; the other four are predictions.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from _bench import (
     CHAR_LM,
     QUIET,
     child_env,
+    planner_inputs,
     run_checked,
     steady,
     table,
@@ -30,7 +30,6 @@ from _bench import (
 )
 
 from tandem.monitor.catalogue import MEM_GRAD, MEM_OPTIM, MEM_PARAM, TIME_STEP
-from tandem.planner.command import load_task, model_profile, optimizer_states
 from tandem.planner.layouts import Layout, Setting, estimate
 from tandem.planner.machine import this_host
 
@@ -48,9 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
-    print(f"host load (1 min): {os.getloadavg()[0]:.1f}")
-    task = load_task(str(CHAR_LM), "task")
-    profile, states = model_profile(task), optimizer_states(task)
+    _, profile, states = planner_inputs(CHAR_LM)
     machine = this_host()
     measured = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 from pathlib import Path
 
-from _bench import QUIET, ROOT, child_env, run_checked, table, tandem_command
+from _bench import QUIET, ROOT, child_env, planner_inputs, run_checked, table, tandem_command
 
-from tandem.planner.command import load_task, model_profile, optimizer_states
 from tandem.planner.layouts import Layout, Setting, estimate
 from tandem.planner.machine import this_host
 
@@ -41,9 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
-    print(f"host load (1 min): {os.getloadavg()[0]:.1f}")
-    task = load_task(str(TASK), "task")
-    profile, states = model_profile(task), optimizer_states(task)
+    _, profile, states = planner_inputs(TASK)
     setting = Setting(GLOBAL, states, bf16=False, efficiency=1.0)
     rows, within = [], 0
     with tempfile.TemporaryDirectory() as tmp:

@@ -53,7 +53,6 @@ class AsyncStrategy(Strategy):
     """Bounded-staleness asynchronous DiLoCo (see the module doc)."""
 
     info: ClassVar[StrategyInfo] = ASYNC
-    name: ClassVar[str] = ASYNC.name
     log: StalenessLog | None = None
 
     def _wrap(self, model: nn.Module) -> nn.Module:

@@ -27,7 +27,6 @@ class DDPStrategy(Strategy):
     """Every rank holds a replica; DDP all-reduces gradient buckets during backward."""
 
     info: ClassVar[StrategyInfo] = DDP
-    name: ClassVar[str] = DDP.name
     identical_replicas: ClassVar[bool] = True
 
     stats: hooks.CommStats | None = None  # bytes the comm hook sent

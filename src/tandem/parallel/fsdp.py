@@ -114,7 +114,6 @@ class FSDPStrategy(Strategy):
     """FSDP2: parameters, gradients and optimizer state sharded over the ranks."""
 
     info: ClassVar[StrategyInfo] = FSDP
-    name: ClassVar[str] = FSDP.name
     shards_weights: ClassVar[bool] = True
     wraps_meta: ClassVar[bool] = True
     times_comm: ClassVar[bool] = False  # FSDP2's collectives run inside its own hooks

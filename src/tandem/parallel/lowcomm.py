@@ -125,7 +125,6 @@ class LowCommStrategy(Strategy):
     """Replicas train alone and meet every `plan.sync_every` steps (see the module doc)."""
 
     info: ClassVar[StrategyInfo] = LOCALSGD
-    name: ClassVar[str] = LOCALSGD.name
     meetings: LowCommSync | None = None
 
     def _wrap(self, model: nn.Module) -> nn.Module:
@@ -175,4 +174,3 @@ class DiLoCoStrategy(LowCommStrategy):
     """DiLoCo: an outer Nesterov step on the replicas' averaged change at each meeting."""
 
     info: ClassVar[StrategyInfo] = DILOCO
-    name: ClassVar[str] = DILOCO.name

@@ -80,7 +80,6 @@ class PipelineStrategy(Strategy):
     """Pipeline stages over the `pp` ranks; each stage replicated over the `dp` ranks."""
 
     info: ClassVar[StrategyInfo] = PP
-    name: ClassVar[str] = PP.name
     times_comm: ClassVar[bool] = False
     whole_step_passes: ClassVar[bool] = True
 

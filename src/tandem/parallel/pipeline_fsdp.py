@@ -41,7 +41,6 @@ class PipelineFSDPStrategy(PipelineStrategy):
     """Pipeline stages over the `pp` ranks; each stage sharded over the `dp_shard` ranks."""
 
     info: ClassVar[StrategyInfo] = PP_FSDP
-    name: ClassVar[str] = PP_FSDP.name
     shards_weights: ClassVar[bool] = True
 
     def _wrap(self, model: nn.Module) -> nn.Module:

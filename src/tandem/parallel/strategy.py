@@ -51,7 +51,7 @@ class Strategy:
     """
 
     info: ClassVar[StrategyInfo] = SINGLE
-    name: ClassVar[str] = SINGLE.name
+    name: ClassVar[str] = SINGLE.name  # a subclass's is its `info`'s (`__init_subclass__`)
     shards_weights: ClassVar[bool] = False  # each rank holds only a part of the weights
     # Deferred init: whether `_wrap` needs real values (DDP broadcasts them) or can take
     # meta parameters and have them materialised afterwards, shard by shard (FSDP, TP).
@@ -65,6 +65,10 @@ class Strategy:
     # One forward/backward pass takes a whole step's micro-batches (a pipeline schedule
     # runs them together): calibration measures a pass of the step's count, not of one.
     whole_step_passes: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.info.name
 
     def __init__(self, plan: PlanConfig, runtime: Runtime, layout: Layout, seed: int) -> None:
         self.plan, self.runtime, self.layout, self.seed = plan, runtime, layout, seed

@@ -261,7 +261,6 @@ class StreamingDiLoCoStrategy(Strategy):
     """Streaming DiLoCo (see the module doc)."""
 
     info: ClassVar[StrategyInfo] = STREAMING_DILOCO
-    name: ClassVar[str] = STREAMING_DILOCO.name
     sync: StreamingSync | None = None
 
     def _wrap(self, model: nn.Module) -> nn.Module:

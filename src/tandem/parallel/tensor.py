@@ -162,7 +162,6 @@ class TensorParallelStrategy(Strategy):
     ranks, gradients averaged over the data-parallel group after backward."""
 
     info: ClassVar[StrategyInfo] = TP
-    name: ClassVar[str] = TP.name
     wraps_meta: ClassVar[bool] = True
 
     sync: GradientSync | None = None

@@ -9,14 +9,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from tandem.analyze import stats
+from tandem.monitor import catalogue as cat
 from tandem.monitor.catalogue import (
-    ASYNC_EARLY_PUSHES,
-    ASYNC_FRESH,
-    ASYNC_LOCAL_STEPS,
-    ASYNC_PUSHES,
-    ASYNC_STALENESS_MAX,
-    ASYNC_STALENESS_MEAN,
-    COMM_PULL_WAIT,
     GRAD_NOISE_SCALE,
     LOSS,
     MEM_CUDA_PEAK,
@@ -224,11 +218,12 @@ def async_workers(groups: Mapping[str, Sequence[Metric]]) -> list[list[str]]:
     """One row per worker of an asynchronous run (ASYNC_HEADER): its steps and pushes
     summed over the windows, the staleness of its pushes (the run's, as of its last
     window) and its mean wait to pull; none for other plans."""
-    steps = per_rank(groups.get(ASYNC_LOCAL_STEPS, ()))
+    steps = per_rank(groups.get(cat.ASYNC_LOCAL_STEPS, ()))
     last = {name: per_rank(groups.get(name, ()))
-            for name in (ASYNC_STALENESS_MEAN, ASYNC_STALENESS_MAX, ASYNC_FRESH)}
-    pushes, early = (per_rank(groups.get(n, ())) for n in (ASYNC_PUSHES, ASYNC_EARLY_PUSHES))
-    wait = per_rank(groups.get(COMM_PULL_WAIT, ()))
+            for name in (cat.ASYNC_STALENESS_MEAN, cat.ASYNC_STALENESS_MAX, cat.ASYNC_FRESH)}
+    pushes, early = (per_rank(groups.get(n, ()))
+                     for n in (cat.ASYNC_PUSHES, cat.ASYNC_EARLY_PUSHES))
+    wait = per_rank(groups.get(cat.COMM_PULL_WAIT, ()))
 
     def final(name: str, rank: int, form: str) -> str:
         values = last[name].get(rank)
@@ -236,7 +231,8 @@ def async_workers(groups: Mapping[str, Sequence[Metric]]) -> list[list[str]]:
 
     return [[str(r), f"{sum(steps[r].values()):.0f}", f"{sum(pushes[r].values()):.0f}",
              f"{sum(early.get(r, {}).values()):.0f}",
-             final(ASYNC_STALENESS_MEAN, r, "{:.2f}"), final(ASYNC_STALENESS_MAX, r, "{:.0f}"),
-             final(ASYNC_FRESH, r, "{:.0%}"),
+             final(cat.ASYNC_STALENESS_MEAN, r, "{:.2f}"),
+             final(cat.ASYNC_STALENESS_MAX, r, "{:.0f}"),
+             final(cat.ASYNC_FRESH, r, "{:.0%}"),
              f"{statistics.fmean(wait[r].values()) * 1e3:.2f} ms" if wait.get(r) else "-"]
             for r in sorted(steps)]
