@@ -1,13 +1,13 @@
-"""Time to the MNIST-1D demo's target with one of 4 workers slowed 2x: bounded-staleness
+"""Time to the MNIST-1D demo's target with one of N workers slowed 2x: bounded-staleness
 asynchronous updates against synchronous DDP and blocking DiLoCo.
 
     python benchmarks/straggler.py [--seeds 5] [--steps 150] [--target accuracy>=0.9]
         [--staleness 2] [--sync-every 4] [--outer-momentum 0.9] [--plans async ddp diloco]
-        [--slow-rank 3] [--slow-factor 1] [--slow-s S] [--out DIR]
+        [--workers 4] [--slow-rank N-1] [--slow-factor 1] [--slow-s S] [--out DIR]
     python benchmarks/straggler.py --exchange      # the exchange's channels, timed alone
 
 Each plan trains the demo's recipe (`examples/mnist1d_cnn.py`: global batch 128, Muon,
-its EMA evaluation) on 4 processes (`tandem run --nproc-per-node 4`) for `--steps`
+its EMA evaluation) on N processes (`tandem run --nproc-per-node N`) for `--steps`
 steps, evaluating every 10, with the same worker slowed by the fault hook
 `TANDEM_FAULTS=[{"rank": R, "step": 0, "until": STEPS, "kind": "slow", "phase": "optim",
 "factor": F}]`: before each of its optimizer steps that worker sleeps F times as long as
@@ -57,7 +57,7 @@ def run(out: Path, name: str, plan: str, seed: int, args: argparse.Namespace,
     extra = {"TANDEM_FAULTS": json.dumps([{"rank": args.slow_rank, "step": 0,
                                            "until": args.steps, "kind": "slow", **slow}]
                                          if slowed else [])}
-    cmd = tandem_command(["--nproc-per-node", "4"], DEMO, flags)
+    cmd = tandem_command(["--nproc-per-node", str(args.workers)], DEMO, flags)
     run_checked(cmd, timeout=1800, env=child_env(extra), what=f"{plan} seed {seed}")
     got = summary(out / name)
     return {"to_target_s": float(got.get("time_to_target_s", math.nan)),
@@ -136,7 +136,11 @@ def main() -> int:
     parser.add_argument("--outer-lr", type=float, default=0.7,
                         help="plan.outer_lr of async and diloco")
     parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
-    parser.add_argument("--slow-rank", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=4,
+                        help="processes (workers); with more than the host's cores, a "
+                        "sleeping worker's core goes to the others")
+    parser.add_argument("--slow-rank", type=int, default=-1,
+                        help="the slowed worker (default: the last)")
     parser.add_argument("--slow-factor", type=float, default=1.0,
                         help="the slowed worker sleeps this many times its step's time")
     parser.add_argument("--slow", choices=("fixed", "relative"), default="fixed",
@@ -163,6 +167,8 @@ def main() -> int:
     began = time.perf_counter()
     print(f"host load (1/5/15 min): {os.getloadavg()}", flush=True)
     seeds = list(range(args.seeds))
+    if args.slow_rank < 0:
+        args.slow_rank = args.workers - 1
     if args.slow == "fixed" and args.slow_s <= 0:
         normal = run(out, "calibrate", "ddp", 0, args, slowed=False)
         args.slow_s = args.slow_factor * normal["step_s"]
