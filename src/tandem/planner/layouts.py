@@ -20,7 +20,9 @@ micro-batch of the step, activations from the stage before, gradients from the o
 Step time: the stages' forward and backward FLOPs (a backward is two forwards; a
 checkpointed block runs its forward twice) at `efficiency` of the device's peak, times
 (m + pp - 1) / m for the pipeline's fill and drain; gradient all-reduce (DDP) and FSDP's
-gathers and reduce-scatters hidden behind compute up to its length; tensor-parallel
+gathers (two per micro-batch: forward, and backward after the forward freed them, as
+`plan.fsdp_reshard` does by default) and its reduce-scatter (once, after the last
+micro-batch) hidden behind compute up to its length; tensor-parallel
 all-reduces (four per block and micro-batch) and the pipeline's sends not hidden. A group
 within one node uses the node's link, a group across nodes the network's.
 """
@@ -181,9 +183,9 @@ def _times(profile: ModelProfile, cut: list[list[Unit]], local: float, layout: L
     shard_link = _link(machine, layout.tp * layout.fsdp)
     replica_link = _link(machine, layout.tp * layout.fsdp * layout.dp)
     comm = 0.0
-    if layout.fsdp > 1:
+    if layout.fsdp > 1:  # gathered for each micro-batch's forward and again for its backward
         f = (layout.fsdp - 1) / layout.fsdp
-        gathered = 2 * local * (2.0 if setting.bf16 else 4.0) * f
+        gathered = 2 * m * local * (2.0 if setting.bf16 else 4.0) * f
         comm += (gathered + local * 4.0 * f) / shard_link
     if layout.dp > 1:
         comm += 2 * (layout.dp - 1) / layout.dp * local / layout.fsdp * 4.0 / replica_link
