@@ -197,3 +197,36 @@ def test_an_effect_that_dwarfs_the_noise_is_decided_in_one_pair() -> None:
     small = [len(_session(Machine({"": 10.0, "x=1": 14.0}, 0.14, s), {"x": 1},
                           placebo_pairs=2)[2].pairs) for s in range(20)]
     assert sum(small) > 1.5 * sum(wins_at)
+
+
+def _ramped_run(steps: int, every: int, speed: float = 1.0,
+                evals_from: int = 10**9) -> RunOutcome:
+    """A run's logging windows when a step costs 75 ms up to step 40 and 135 ms after (a
+    sequence ramp), / `speed`, with a 1.9 s evaluation at each multiple of 10 from
+    `evals_from` on; 32 samples a step; a 2 s first window (start-up)."""
+    windows, clock, busy, done = [], 2.0, 0.0, 0
+    for step in range(1, steps + 1):
+        cost = (0.075 if step <= 40 else 0.135) / speed
+        clock, busy = clock + cost, busy + cost
+        if step >= evals_from and step % 10 == 0:
+            clock += 1.9
+        if step % every == 0 or step == steps:
+            windows.append(stats.WindowFigure(step, 32.0 * (step - done), busy, clock))
+            busy, done = 0.0, step
+    return RunOutcome(f"run{steps}", ok=True, windows=windows)
+
+
+def test_runs_of_different_lengths_are_compared_on_the_steps_both_trained() -> None:
+    """Two runs of the same plan, 56 and 91 steps (runs are sized by their plan's pace),
+    the longer passing the job's first evaluation (step 80): alone, each run's own
+    throughput differs by a third; over the steps both trained, by nothing. A plan 1.5x
+    as fast shows as 1.5x the same way."""
+    short, long = _ramped_run(56, 8), _ramped_run(91, 13, evals_from=80)
+    alone = math.log(long.figures["wall"] / short.figures["wall"])
+    assert abs(alone) > 0.3  # what the pair would have measured from each run alone
+    for figure in ("wall", "step"):
+        assert Pair(short, long, False).log_ratio(figure) == pytest.approx(0.0, abs=0.02)
+        assert Pair(long, short, True).log_ratio(figure) == pytest.approx(0.0, abs=0.02)
+    fast = _ramped_run(91, 13, speed=1.5)
+    assert Pair(short, fast, False).log_ratio("wall") == pytest.approx(math.log(1.5),
+                                                                        abs=0.02)

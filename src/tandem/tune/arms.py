@@ -3,7 +3,8 @@
 An `Arm` is a plan (or a control) compared with a reference plan. Each `pair` launches
 one run of each, the order alternating from one pair of the arm to the next (AB, BA,
 AB, ...), and keeps log(arm figure / reference figure) for each figure of a run
-(`stats.run_rates`: 'wall' and 'step'). A `Bench` holds every arm of a session, the
+('wall' and 'step' throughput, over the steps both of the pair's runs trained past both
+warm-ups: `stats.rates_between`). A `Bench` holds every arm of a session, the
 placebo (the reference plan against itself) among them, pools their pairs into the
 machine's noise, and gives each arm its run-level interval and verdict (`stats.py`).
 
@@ -40,8 +41,22 @@ class Pair:
     figure_of: FigureOf = lambda run: run.figures
 
     def value(self, who: str, figure: str) -> float | None:
-        """One figure of the pair's 'arm' or 'reference' run (None when it lacks it)."""
-        return self.figure_of(self.arm if who == "arm" else self.reference).get(figure)
+        """One figure of the pair's 'arm' or 'reference' run (None when it lacks it).
+
+        Throughput ('wall', 'step') of runs with logging windows counts the steps both
+        runs trained past both warm-ups: runs are sized by their plan's speed, so one may
+        be longer, and the job's per-step schedule (a sequence or batch ramp, evaluations
+        from some step on) must weigh the same in the two. Other figures, and runs
+        without windows, are `figure_of`'s."""
+        run = self.arm if who == "arm" else self.reference
+        if figure not in FIGURES or not (self.arm.windows and self.reference.windows):
+            return self.figure_of(run).get(figure)
+        ends = [stats.warmup_end(r.windows) for r in (self.arm, self.reference)]
+        if None in ends:
+            return None
+        last = min(r.windows[-1].step for r in (self.arm, self.reference))
+        return stats.rates_between(run.windows, max(e for e in ends if e is not None),
+                                   last).get(figure)
 
     def log_ratio(self, figure: str) -> float | None:
         """log(arm / reference) of one figure (None when either run lacks it)."""

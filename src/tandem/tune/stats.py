@@ -195,16 +195,54 @@ class WindowFigure:
     time: float  # wall clock (s) when the window closed
 
 
+def _measured(windows: Sequence[WindowFigure]) -> list[WindowFigure]:
+    return [w for w in windows if w.busy_s > 0 and w.samples > 0 and math.isfinite(w.time)]
+
+
+def _rates(kept: Sequence[WindowFigure], start_time: float) -> dict[str, float]:
+    samples = math.fsum(w.samples for w in kept)
+    out = {"step": samples / math.fsum(w.busy_s for w in kept)}
+    span = kept[-1].time - start_time
+    if span > 0:
+        out["wall"] = samples / span
+    return out
+
+
+def warmup_end(windows: Sequence[WindowFigure]) -> int | None:
+    """The step at which the run's warm-up ends (None: no steady window after it)."""
+    good = _measured(windows)
+    drop = warmup_windows([w.samples / w.busy_s for w in good])
+    return good[drop - 1].step if 1 <= drop < len(good) else None
+
+
 def run_rates(windows: Sequence[WindowFigure]) -> dict[str, float]:
     """The run's steady throughput: {'wall': samples/s, 'step': samples/s} ({} if none)."""
-    good = [w for w in windows if w.busy_s > 0 and w.samples > 0 and math.isfinite(w.time)]
+    good = _measured(windows)
     drop = warmup_windows([w.samples / w.busy_s for w in good])
     if drop < 1 or drop >= len(good):
         return {}
-    kept = good[drop:]
-    samples = math.fsum(w.samples for w in kept)
-    out = {"step": samples / math.fsum(w.busy_s for w in kept)}
-    span = kept[-1].time - good[drop - 1].time
+    return _rates(good[drop:], good[drop - 1].time)
+
+
+def rates_between(windows: Sequence[WindowFigure], first: int,
+                  last: int) -> dict[str, float]:
+    """Throughput over steps `first` (exclusive) to `last` ({} if none): what two runs of
+    different lengths are compared on, the same steps, so that a step-dependent schedule
+    (a sequence or batch ramp, evaluations from some step on) weighs the same in both. A
+    window that straddles a bound counts in proportion to its steps inside (its steps
+    taken as alike); the first window, with no start time, never counts."""
+    samples = busy = span = 0.0
+    good = _measured(windows)
+    for before, w in zip(good, good[1:], strict=False):
+        inside = min(w.step, last) - max(before.step, first)
+        if inside > 0:
+            share = inside / (w.step - before.step)
+            samples += share * w.samples
+            busy += share * w.busy_s
+            span += share * (w.time - before.time)
+    if samples <= 0 or busy <= 0:
+        return {}
+    out = {"step": samples / busy}
     if span > 0:
         out["wall"] = samples / span
     return out
