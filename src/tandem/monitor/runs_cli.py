@@ -15,6 +15,7 @@ from rich.table import Table
 
 from tandem.monitor.catalogue import LOSS
 from tandem.monitor.store import RUN_KINDS, STATUSES, RunStore
+from tandem.status import RunStatus
 from tandem.tables import print_fitted
 
 
@@ -66,8 +67,8 @@ def run(ns: argparse.Namespace, store: RunStore, console: Console,
     if ns.name is None and ns.status is None and ns.kind is None:
         raise ValueError("--delete needs --name, --status or --kind to choose the runs "
                          "(it never deletes every run by default)")
-    if ns.status != "running":  # a live run (or one killed without a record) is kept
-        chosen = [r for r in chosen if r["status"] != "running"]
+    if ns.status != RunStatus.RUNNING:  # a live run (or one killed without a record) is kept
+        chosen = [r for r in chosen if r["status"] != RunStatus.RUNNING]
     if not chosen:
         console.print("nothing to delete")
         return 0

@@ -19,6 +19,7 @@ from tandem.analyze.report import figures, html, panels
 from tandem.analyze.report.compare import compare, compare_table
 from tandem.monitor.catalogue import TIME_STEP
 from tandem.monitor.store import RunStore
+from tandem.status import RunStatus
 from tandem.tables import print_fitted
 
 __all__ = ["compare", "compare_table", "print_summary", "render_html", "write_html"]
@@ -140,7 +141,7 @@ ENDINGS = ("crash", "usage", "preflight", "interrupted", "preempted")
 def ending(run: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The last event saying why a run that did not complete stopped (None: it completed,
     or nothing says)."""
-    if run["status"] in ("completed", "running"):
+    if run["status"] in (RunStatus.COMPLETED, RunStatus.RUNNING):
         return None
     return next((dict(e) for e in reversed(events) if e["kind"] in ENDINGS), None)
 
