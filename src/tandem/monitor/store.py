@@ -135,6 +135,21 @@ def _value(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
+def _wal(conn: sqlite3.Connection) -> None:
+    """Put the file in WAL mode. Changing the journal mode needs the file to itself, and
+    SQLite answers "database is locked" at once rather than waiting on the busy timeout
+    while another connection creates or writes the file: try again until the timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class RunStore:
     """A connection to the run store at `path` (created with its schema if missing).
 
@@ -148,7 +163,7 @@ class RunStore:
         self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            _wal(self._conn)
             # NORMAL is durable across a process crash in WAL mode; only a power loss
             # can drop the last transactions, which metrics can afford.
             self._conn.execute("PRAGMA synchronous=NORMAL")
