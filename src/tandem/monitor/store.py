@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from tandem.monitor.sqlite_plumbing import BUSY_TIMEOUT_S, Transaction, wal_mode
 from tandem.status import RunStatus
 
 log = logging.getLogger("tandem")
@@ -35,8 +36,6 @@ STATUSES = tuple(RunStatus)
 # Who made a run: the user, or the tuner (a trial of a candidate plan, or a control /
 # placebo run measuring a cause or the noise); `tandem runs` lists user runs by default.
 RUN_KINDS = ("user", "trial", "control")
-# Seconds a connection waits for a lock held by another writer before it gives up.
-BUSY_TIMEOUT_S = 30.0
 
 MetricRow = tuple[int, int, str, float, float]  # step, rank, name, value, time
 
@@ -135,21 +134,6 @@ def _value(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
-def _wal(conn: sqlite3.Connection) -> None:
-    """Put the file in WAL mode. Changing the journal mode needs the file to itself, and
-    SQLite answers "database is locked" at once rather than waiting on the busy timeout
-    while another connection creates or writes the file: try again until the timeout."""
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as err:
-            if "locked" not in str(err) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
 class RunStore:
     """A connection to the run store at `path` (created with its schema if missing).
 
@@ -163,7 +147,7 @@ class RunStore:
         self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         try:
-            _wal(self._conn)
+            wal_mode(self._conn)
             # NORMAL is durable across a process crash in WAL mode; only a power loss
             # can drop the last transactions, which metrics can afford.
             self._conn.execute("PRAGMA synchronous=NORMAL")
@@ -183,8 +167,8 @@ class RunStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _tx(self) -> _Transaction:
-        return _Transaction(self._conn)
+    def _tx(self) -> Transaction:
+        return Transaction(self._conn)
 
     def _found_version(self) -> int | None:
         """The file's schema version (None for an empty file). Takes no write lock."""
@@ -439,20 +423,6 @@ class RunStore:
             d["plan"], d["figures"] = _loads(d["plan"]), _loads(d["figures"])
             out.append(d)
         return out
-
-
-class _Transaction:
-    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error): takes the write lock up front so
-    two writers wait on the busy timeout instead of failing to upgrade a read lock."""
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self._conn = conn
-
-    def __enter__(self) -> None:
-        self._conn.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type: object, *rest: object) -> None:
-        self._conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
 def _git_commit() -> str | None:
