@@ -93,9 +93,9 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def planner_inputs(task_path: Path) -> tuple[Any, Any, Any]:
     """Print the host's load; the task at `task_path` with the planner's model profile and
-    optimizer states for it (what `tandem plan` prices a layout from)."""
-    from tandem.planner.command import load_task, model_profile, optimizer_states
+    optimizer for it (what `tandem plan` prices a layout from: `optimizer_profile`)."""
+    from tandem.planner.command import load_task, model_profile, optimizer_profile
 
     print(f"host load (1 min): {os.getloadavg()[0]:.1f}")
     task = load_task(str(task_path), "task")
-    return task, model_profile(task), optimizer_states(task)
+    return task, model_profile(task), optimizer_profile(task)

@@ -39,8 +39,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
-    _, profile, states = planner_inputs(TASK)
+    _, profile, (states, _, _) = planner_inputs(TASK)
     setting = Setting(GLOBAL, states, bf16=False, efficiency=1.0)
+    machine = this_host()
     rows, within = [], 0
     with tempfile.TemporaryDirectory() as tmp:
         for name, procs, flags, (pp, dp, fsdp, tp), recompute in LAYOUTS:
@@ -55,7 +56,7 @@ def main() -> None:
             env = child_env({"PEAK_DIR": str(peaks), "PEAK_STEPS": str(args.steps)})
             run_checked(cmd, timeout=900, env=env, what=name)
             got = max(json.loads(f.read_text())["peak_bytes"] for f in peaks.glob("*.json"))
-            e = estimate(profile, Layout(pp, dp, fsdp, tp, MICRO, recompute), this_host(),
+            e = estimate(profile, Layout(pp, dp, fsdp, tp, MICRO, recompute), machine,
                          setting)
             ratio = got / e.total_memory
             within += abs(ratio - 1) <= 0.1

@@ -194,3 +194,42 @@ def test_fsdp_gathers_each_micro_batch_and_reduce_scatters_once() -> None:
         sent = bytes_per_step(model, 2, m, True, None, None)
         compute = got.time_parts["compute"]
         assert got.time_parts["data-parallel (exposed)"] + compute == pytest.approx(sent / link)
+
+
+def test_orthogonalisation_flops_are_those_torch_counts_in_muon() -> None:
+    """The planner's Newton-Schulz FLOPs against torch's own count of `orthogonalize`."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tandem.optim.muon import orthogonalize
+    from tandem.planner.layouts import orthogonalisation_flops
+
+    for shape in ((12, 40), (40, 12), (16, 16)):
+        with FlopCounterMode(display=False) as counter:
+            orthogonalize(torch.randn(*shape), steps=3)
+        assert orthogonalisation_flops(shape, 3) == counter.get_total_flops()
+
+
+def test_collectives_cost_their_fixed_time_hidden_on_gpus_and_added_on_a_cpu_host() -> None:
+    """Each collective costs `collective_s` besides its bytes: FSDP's 2m gathers per
+    block, m for the root and a reduce-scatter per unit; a GPU hides them behind the
+    compute, a CPU host (`overlaps=False`) adds them to it. Muon's matrices are gathered
+    and orthogonalised whole under FSDP."""
+    from tandem.planner.layouts import orthogonalisation_flops
+
+    prof = _profile()  # two blocks with parameters (the ReLU between has none), no root
+    cost = 1e-3
+    # Compute (92 ms a step at 50 kFLOP/s) longer than the collectives (10 ms).
+    cpu = Machine("cpu", 2, 2, 1 * GIB, 1e5, 1e15, 1e15, collective_s=cost, overlaps=False)
+    gpu = Machine("gpu", 2, 2, 1 * GIB, 1e5, 1e15, 1e15, collective_s=cost)
+    setting = Setting(global_batch=8, optimizer_states=2, bf16=False, efficiency=0.5)
+    fsdp = Layout(1, 1, 2, 1, 2, False)  # 2 micro-batches of 2 on each of 2 shards
+    exposed = estimate(prof, fsdp, cpu, setting).time_parts["data-parallel (exposed)"]
+    assert exposed == pytest.approx(2 * (2 * 2 + 1) * cost, rel=1e-6)
+    hidden = estimate(prof, fsdp, gpu, setting).time_parts
+    assert hidden["compute"] > 10 * cost and hidden["data-parallel (exposed)"] == 0.0
+    muon = Setting(8, 1, False, 0.5, orthogonalised=((16, 8), (4, 16)), ns_steps=5)
+    plain = estimate(prof, Layout(1, 1, 1, 1, 4, False), cpu, muon).time_parts["optimizer"]
+    flops = orthogonalisation_flops((16, 8), 5) + orthogonalisation_flops((4, 16), 5)
+    assert plain == pytest.approx(flops / 0.5e5, rel=1e-6)
+    sharded = estimate(prof, fsdp, cpu, muon).time_parts["optimizer"]
+    assert sharded == pytest.approx(flops / 0.5e5 + 2 * cost, rel=1e-6)

@@ -51,17 +51,23 @@ def model_profile(task: object):  # noqa: ANN201 - a ModelProfile
                    dict(task.tensor_parallel or {}))
 
 
-def optimizer_states(task: object) -> int:
-    """Tensors of state per parameter the task's optimizer keeps (2 when not known)."""
+def optimizer_profile(task: object) -> tuple[int, tuple[tuple[int, int], ...], int]:
+    """The task's optimizer as the planner prices it: tensors of state per parameter (2
+    when not known), the matrices it orthogonalises whole each step (Muon's groups; rows
+    by the rest) and its Newton-Schulz iterations."""
     import torch
 
     with torch.device("meta"):
         params = list(task.model().parameters())
     try:
-        kind = type(task.optimizer(params)).__name__
+        optimizer = task.optimizer(params)
     except Exception:  # noqa: BLE001 - an optimizer that will not build on meta: assume Adam
-        return 2
-    return OPTIMIZER_STATES.get(kind, 2)
+        return 2, (), 5
+    kind = type(optimizer).__name__
+    groups = [g for g in optimizer.param_groups if g.get("muon")]
+    shapes = tuple((p.shape[0], p[0].numel()) for g in groups for p in g["params"])
+    steps = groups[0].get("ns_steps", 5) if groups else 5
+    return OPTIMIZER_STATES.get(kind, 2), shapes, steps
 
 
 def main(ns: argparse.Namespace) -> int:
@@ -69,7 +75,8 @@ def main(ns: argparse.Namespace) -> int:
     task = load_task(ns.script, ns.task)
     prof = model_profile(task)
     bf16 = (ns.precision or ("fp32" if ns.machine == "cpu" else "bf16")) == "bf16"
-    setting = Setting(ns.global_batch, optimizer_states(task), bf16, ns.efficiency)
+    states, orthogonalised, ns_steps = optimizer_profile(task)
+    setting = Setting(ns.global_batch, states, bf16, ns.efficiency, orthogonalised, ns_steps)
     estimates = plan(prof, machine, setting)
     console = Console()
     console.print(f"{ns.script}: {prof.params / 1e6:,.1f} M parameters, "

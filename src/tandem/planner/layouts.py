@@ -19,12 +19,20 @@ micro-batch of the step, activations from the stage before, gradients from the o
 
 Step time: the stages' forward and backward FLOPs (a backward is two forwards; a
 checkpointed block runs its forward twice) at `efficiency` of the device's peak, times
-(m + pp - 1) / m for the pipeline's fill and drain; gradient all-reduce (DDP) and FSDP's
-gathers (two per micro-batch: forward, and backward after the forward freed them, as
-`plan.fsdp_reshard` does by default) and its reduce-scatter (once, after the last
-micro-batch) hidden behind compute up to its length; tensor-parallel
-all-reduces (four per block and micro-batch) and the pipeline's sends not hidden. A group
-within one node uses the node's link, a group across nodes the network's.
+(m + pp - 1) / m for the pipeline's fill and drain; the optimizer's step (its state's
+traffic through memory, over the shards; Muon's orthogonalisations at the same
+efficiency: whole matrices, so gathered and done on every rank under FSDP and tensor
+parallelism, shared over DDP's replicas where that is faster, as Muon decides); every
+collective's bytes over the link plus the machine's fixed cost per collective: gradient
+all-reduce (DDP, one per 25 MiB bucket), FSDP's gathers (two per block and micro-batch:
+forward, and backward after the forward freed them, as `plan.fsdp_reshard` does by
+default; the root's once) and its reduce-scatter (once per unit, after the last
+micro-batch; `fsdp_collectives`), hidden
+behind compute up to its length where the machine's communication runs beside its
+compute (GPUs), added to it where it runs on the same cores (a CPU host); tensor-parallel
+all-reduces (four per block and micro-batch) and the pipeline's sends (one each way per
+micro-batch) not hidden. A group within one node uses the node's link, a group across
+nodes the network's.
 """
 
 from __future__ import annotations
@@ -78,6 +86,18 @@ class Setting:
     optimizer_states: int  # tensors of optimizer state per parameter
     bf16: bool  # activations and gathered weights in bf16
     efficiency: float  # achieved share of the peak FLOP/s
+    orthogonalised: tuple[tuple[int, int], ...] = ()  # matrices Muon orthogonalises whole
+    ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
+
+
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def orthogonalisation_flops(shape: tuple[int, int], steps: int) -> float:
+    """FLOPs of `steps` Newton-Schulz iterations on a matrix (`optim.muon.orthogonalize`:
+    x x^T, its square and the product with x, on the wide orientation)."""
+    a, b = sorted(shape)
+    return steps * (4.0 * a * a * b + 2.0 * a ** 3)
 
 
 def stages(profile: ModelProfile, pp: int) -> list[list[Unit]]:
@@ -148,7 +168,7 @@ def estimate(profile: ModelProfile, layout: Layout, machine: Machine,
                                           * profile.boundary_bytes)
         if sum(memory.values()) > sum(worst.values()):
             worst = memory
-    times = _times(profile, cut, max(local), layout, machine, setting, m)
+    times = _times(profile, cut, local, layout, machine, setting, m)
     step = sum(times.values())
     fits = sum(worst.values()) <= machine.memory
     why = "" if fits else (f"needs {sum(worst.values()) / 2**30:.1f} GiB per device, "
@@ -168,10 +188,12 @@ def _saved(stage: list[Unit], profile: ModelProfile, layout: Layout) -> float:
     return other + sum(kept(u) for u in blocks)
 
 
-def _times(profile: ModelProfile, cut: list[list[Unit]], local: float, layout: Layout,
-           machine: Machine, setting: Setting, m: int) -> dict[str, float]:
+def _times(profile: ModelProfile, cut: list[list[Unit]], local: list[float],
+           layout: Layout, machine: Machine, setting: Setting, m: int) -> dict[str, float]:
     rate = machine.peak * setting.efficiency
     replica_batch = layout.micro * m
+    largest = max(range(len(cut)), key=lambda k: local[k])
+    params, share = local[largest], local[largest] / sum(local)
 
     def seconds(stage: list[Unit]) -> float:
         flops = sum(u.flops * (4 if layout.recompute and u.is_block else 3) for u in stage)
@@ -179,26 +201,78 @@ def _times(profile: ModelProfile, cut: list[list[Unit]], local: float, layout: L
 
     compute = max(seconds(s) for s in cut) * (m + layout.pp - 1) / m
     act_bytes = (2.0 if setting.bf16 else 4.0) / 4.0  # profile bytes are fp32
-    times = {"compute": compute}
+    times = {"compute": compute,
+             "optimizer": _optimizer_seconds(params, share, layout, machine, setting)}
     shard_link = _link(machine, layout.tp * layout.fsdp)
     replica_link = _link(machine, layout.tp * layout.fsdp * layout.dp)
     comm = 0.0
+    collectives = 0
     if layout.fsdp > 1:  # gathered for each micro-batch's forward and again for its backward
         f = (layout.fsdp - 1) / layout.fsdp
-        gathered = 2 * m * local * (2.0 if setting.bf16 else 4.0) * f
-        comm += (gathered + local * 4.0 * f) / shard_link
+        gathered = 2 * m * params * (2.0 if setting.bf16 else 4.0) * f
+        comm += (gathered + params * 4.0 * f) / shard_link
+        stage = cut[largest]
+        collectives += fsdp_collectives(sum(1 for u in stage if u.is_block and u.params),
+                                        any(u.params for u in stage if not u.is_block), m)
     if layout.dp > 1:
-        comm += 2 * (layout.dp - 1) / layout.dp * local / layout.fsdp * 4.0 / replica_link
-    times["data-parallel (exposed)"] = max(0.0, comm - compute)
+        comm += 2 * (layout.dp - 1) / layout.dp * params / layout.fsdp * 4.0 / replica_link
+        collectives += max(1, -(-int(params / layout.fsdp * 4.0) // DDP_BUCKET_BYTES))
+    comm += collectives * machine.collective_s
+    times["data-parallel (exposed)"] = (max(0.0, comm - compute) if machine.overlaps
+                                        else comm)
     if layout.tp > 1:
         blocks = max(sum(1 for u in s if u.is_block) for s in cut)
         volume = layout.micro * profile.boundary_bytes * act_bytes
-        times["tensor-parallel"] = (4 * blocks * m * 2 * (layout.tp - 1) / layout.tp * volume
-                                    / _link(machine, layout.tp))
+        times["tensor-parallel"] = tp_collectives(blocks, m) * (
+            2 * (layout.tp - 1) / layout.tp * volume / _link(machine, layout.tp)
+            + machine.collective_s)
     if layout.pp > 1:
         volume = layout.micro * profile.boundary_bytes * act_bytes
-        times["pipeline sends"] = 2 * m * volume / _link(machine, machine.devices)
+        times["pipeline sends"] = 2 * m * (volume / _link(machine, machine.devices)
+                                           + machine.collective_s)
     return times
+
+
+def fsdp_collectives(blocks: int, root: bool, m: int) -> int:
+    """Collectives FSDP2 runs in a step of `m` micro-batches: each block's unit gathered
+    for each micro-batch's forward and again for its backward, the root's (the parts
+    outside the blocks) once per micro-batch (FSDP2 keeps the root gathered from its
+    forward to its backward), one reduce-scatter per unit after the last micro-batch."""
+    return blocks * (2 * m + 1) + root * (m + 1)
+
+
+def tp_collectives(blocks: int, m: int) -> int:
+    """All-reduces tensor parallelism runs in a step: per block and micro-batch, after
+    each row-parallel layer's forward and before each column-parallel layer's input
+    gradient (attention and MLP: two pairs)."""
+    return 4 * blocks * m
+
+
+def _optimizer_seconds(params: float, share: float, layout: Layout, machine: Machine,
+                       setting: Setting) -> float:
+    """The optimizer's step on one device: `params` (this stage's, per tensor-parallel
+    rank) stepped elementwise over the FSDP shards, reading the weight, its gradient and
+    state and writing the weight and state; Muon's orthogonalisations of this stage's
+    `share` of the matrices (see the module docstring)."""
+    per_param = (3 + 2 * setting.optimizer_states) * 4.0
+    seconds = params / layout.fsdp * per_param / machine.memory_bw
+    if not setting.orthogonalised:
+        return seconds
+    rate = machine.peak * setting.efficiency
+    whole = share * sum(orthogonalisation_flops(s, setting.ns_steps)
+                        for s in setting.orthogonalised) / rate
+    matrices = share * len(setting.orthogonalised)
+    matrix_bytes = share * sum(a * b for a, b in setting.orthogonalised) * 4.0
+    shards = layout.fsdp * layout.tp
+    if shards > 1:  # each matrix gathered whole, orthogonalised on every rank
+        gather = ((shards - 1) / shards * matrix_bytes / _link(machine, shards)
+                  + matrices * machine.collective_s)
+        return seconds + whole + gather
+    if layout.dp > 1:  # shared over the replicas, handed out by one all-gather, if faster
+        shared = (whole / layout.dp + machine.collective_s + (layout.dp - 1) / layout.dp
+                  * matrix_bytes / _link(machine, layout.dp))
+        return seconds + min(whole, shared)
+    return seconds + whole
 
 
 def _link(machine: Machine, span: int) -> float:
