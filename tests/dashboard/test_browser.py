@@ -314,3 +314,25 @@ def test_pages_say_what_the_analysis_says(tmp_path: Path, serve, page) -> None:
     open_page(page, server.url("/tuner?session=tune-hp", local=True))
     assert decision in page.inner_text("#intervals")
     assert decision in page.inner_text("#decision")
+
+
+def test_run_page_draws_a_compression_experiment(tmp_path: Path, serve, page) -> None:
+    """`tandem compress`'s trials on a run: its page shows both trade-off charts, one dot
+    per model with the adopted one ringed, and the candidates' table."""
+    from tandem.analyze.report.compression import record
+    from tests.unit.test_compression_report import RESULT
+
+    path = tmp_path / "tandem.db"
+    with RunStore(path) as s:
+        s.start_run("plain-1", "plain", {}, {"strategy": "single"}, {"world_size": 1})
+        s.finish_run("plain-1", "completed", {})
+        record(s, "plain-1", RESULT)
+    open_page(page, serve(path).url("/run/plain-1", local=True))
+    assert page.is_visible("#compression")
+    charts = page.query_selector_all("#compression svg.chart")
+    assert len(charts) == 2
+    for chart in charts:
+        assert len(chart.query_selector_all("circle.dot")) == 3
+        ringed = chart.query_selector_all("circle.chosen")
+        assert [c.evaluate("c => c.textContent") for c in ringed] == ["prune-50%"]
+    assert "lowrank-25%" in page.inner_text("#compression table")

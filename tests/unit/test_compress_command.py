@@ -15,9 +15,11 @@ import pytest
 import torch
 
 import tandem
+from tandem.analyze.report.compression import newest
 from tandem.cli import main
 from tandem.compress.candidates import FineTune
 from tandem.compress.experiment import ORIGINAL, Goal, choose, goal_of
+from tandem.monitor.store import RunStore
 
 SCRIPT = Path(__file__).resolve().parents[1] / "dist" / "scripts" / "compress_task.py"
 
@@ -156,6 +158,13 @@ def test_compress_a_run_end_to_end(tmp_path: Path) -> None:
     assert chosen["bytes"] == min(c["bytes"] for c in within)
     assert {r["technique"] for r in found["rejected"]} == set(figures) - {chosen["technique"]}
     assert chosen["file_bytes"] == (out / "model.pt2").stat().st_size
+    # The run's store holds the experiment for its report and the dashboard: one trial
+    # per model, the adopted one marked.
+    with RunStore(tmp_path / "tandem.db") as store:
+        recorded = newest(store.trials(store.run("small")["run_id"]))
+    assert [t["plan"]["technique"] for t in recorded] == ["original", *figures]
+    assert [t["plan"]["technique"] for t in recorded if t["status"] == "adopted"] == [
+        chosen["technique"]]
     # the program loads and runs with torch alone: importing tandem would fail
     torch.save(x, tmp_path / "x.pt")
     code = ("import sys; sys.modules['tandem'] = None; import torch; "

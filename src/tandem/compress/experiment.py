@@ -17,7 +17,9 @@ original can be adopted.
 
 DIR/model.pt2 is the adopted model as a `torch.export` program with a dynamic batch
 dimension (`torch.export.load(path).module()(x)`, no tandem needed); DIR/compress.json
-holds every candidate's figures, the choice and, for each one not adopted, why.
+holds every candidate's figures, the choice and, for each one not adopted, why. Where the
+run store holds the run, the same figures go into it as the run's trials
+(`analyze.report.compression`): its report and the dashboard draw the trade-off.
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ class Goal:
     higher: bool
 
 
-def locate(run: str, store: str | None, script: str | None) -> tuple[Path, Path]:
-    """(the run's directory, its training script)."""
+def locate(run: str, store: str | None, script: str | None
+           ) -> tuple[Path, Path, tuple[Path, str] | None]:
+    """(the run's directory, its training script, (its run store, its id) when the
+    store holds it)."""
     from tandem.monitor.runs_cli import run_folder
     from tandem.monitor.store import RunStore, store_location
 
@@ -95,7 +99,7 @@ def locate(run: str, store: str | None, script: str | None) -> tuple[Path, Path]
     if not chosen or not Path(chosen).is_file():
         raise ValueError(f"tandem compress: the run's training script {chosen!r} is not on "
                          "this machine; give --script PATH")
-    return run_dir, Path(chosen)
+    return run_dir, Path(chosen), (path, record["run_id"]) if record else None
 
 
 def task_of(script: Path, name: str | None) -> Task:
@@ -225,7 +229,7 @@ def run(ns: argparse.Namespace, console: Console) -> int:
                          ">= 0, --lr-scale > 0 and --distill in [0, 1] (got "
                          f"{ns.steps}, {ns.repeats}, {ns.seeds}, {ns.budget}, {ns.lr_scale}, "
                          f"{ns.distill})")
-    run_dir, script = locate(ns.run, ns.store, ns.script)
+    run_dir, script, stored = locate(ns.run, ns.store, ns.script)
     task = task_of(script, ns.task)
     if task.eval_data is None:
         raise ValueError("tandem compress: the task has no eval_data to measure the metric on")
@@ -261,6 +265,12 @@ def run(ns: argparse.Namespace, console: Console) -> int:
     file_bytes = export(models[chosen], inputs, out / "model.pt2")
     record = _record(run_dir, script, goal, ns, rows, chosen, why, verdict, file_bytes)
     (out / "compress.json").write_text(json.dumps(record, indent=2) + "\n")
+    if stored:  # the trade-off in the run's report and on the dashboard's run page
+        from tandem.analyze.report.compression import record as record_trials
+        from tandem.monitor.store import RunStore
+
+        with RunStore(stored[0]) as opened:
+            record_trials(opened, stored[1], record)
     _print(console, rows, chosen, why, verdict, goal.metric, out)
     return 0
 

@@ -15,6 +15,8 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from tandem.analyze.report.compression import COMPRESS_PREFIX
+
 # rowid, step, rank, name, value, time
 MetricRow = tuple[int, int, int, str, float, float]
 _RUN_JSON = ("config", "plan", "env", "summary")
@@ -195,10 +197,12 @@ def last_event_time(conn: sqlite3.Connection, run_id: str) -> float | None:
 
 
 def tune_sessions(conn: sqlite3.Connection) -> list[str]:
-    """Ids of the runs that hold tuner trials."""
+    """Ids of the runs that hold tuner trials (not only a compression experiment's)."""
     if not has_table(conn, "tune_trials"):
         return []
-    return [r[0] for r in conn.execute("SELECT DISTINCT run_id FROM tune_trials")]
+    return [r[0] for r in conn.execute(
+        "SELECT DISTINCT run_id FROM tune_trials WHERE trial_id NOT LIKE ?",
+        (COMPRESS_PREFIX + "%",))]
 
 
 def trials(conn: sqlite3.Connection, run_id: str, cursor: int = 0) -> list[dict[str, Any]]:

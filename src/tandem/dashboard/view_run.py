@@ -17,6 +17,7 @@ from tandem.analyze.diagnosis.find_health import (
     small_outlier,
     start_levels,
 )
+from tandem.analyze.report.compression import tradeoff_html
 from tandem.dashboard import queries, series, shape
 from tandem.dashboard.downsample import DEFAULT_COLUMNS, DEFAULT_POINTS
 from tandem.monitor.catalogue import GRAD_NORM, LOSS
@@ -96,6 +97,8 @@ def load(conn: sqlite3.Connection, args: Mapping[str, str]) -> dict[str, Any]:
     })
     # Already JSON-safe, and the bulk of the page: not walked again.
     out["series"], out["heatmaps"] = lines["series"], lines["heatmaps"]
+    # The newest `tandem compress` experiment on this run, drawn as the report draws it.
+    out["compression"] = tradeoff_html(queries.trials(conn, run["run_id"]))
     return out
 
 

@@ -17,6 +17,7 @@ from tandem.analyze.diagnosis.diagnose import Finding, diagnose_run, verdict
 from tandem.analyze.diagnosis.finding import VALIDATION_PREFIX, with_validations
 from tandem.analyze.report import figures, html, panels
 from tandem.analyze.report.compare import compare, compare_table
+from tandem.analyze.report.compression import COMPRESS_PREFIX, tradeoff_html
 from tandem.monitor.catalogue import TIME_STEP
 from tandem.monitor.store import RunStore
 from tandem.status import RunStatus
@@ -177,9 +178,10 @@ def _interval(d: Any, suffix: str = "") -> str:
 
 
 def tuning_trials(store: RunStore, run_id: str) -> list[dict[str, Any]]:
-    """A tune session's trials (a run's control experiments are kept apart)."""
+    """A tune session's trials (a run's control experiments and compression experiments
+    are kept apart)."""
     return [t for t in store.trials(run_id)
-            if not str(t["trial_id"]).startswith(VALIDATION_PREFIX)]
+            if not str(t["trial_id"]).startswith((VALIDATION_PREFIX, COMPRESS_PREFIX))]
 
 
 def trial_rows(trials: Sequence[Mapping[str, Any]]) -> list[list[str]]:
@@ -213,6 +215,7 @@ def render_html(store: RunStore, run_id: str) -> str:
     summary = run.get("summary") or {}
     trials = tuning_trials(store, run["run_id"])
     # A tune session records decisions, not training: its trials' runs hold the curves.
+    # (A compression experiment's trials are drawn apart, below the training.)
     training = [
         "<h2>Diagnosis</h2>", findings_html(findings),
         "<h2>Curves</h2>",
@@ -223,7 +226,7 @@ def render_html(store: RunStore, run_id: str) -> str:
     ] if metrics or not trials else []
     body = [
         _header(run, findings), html.kpis(_kpi_items(run, head)),
-        trials_html(trials), *training,
+        trials_html(trials), *training, tradeoff_html(store.trials(run["run_id"])),
         "<h2>Configuration and environment</h2><div class=\"grid\">",
         html.card("Config", html.kv_table(run.get("config") or {})),
         html.card("Plan", html.kv_table(run.get("plan") or {})),

@@ -1,4 +1,4 @@
-"""Small inline-SVG charts: lines with event marks, stacked bars, a heatmap.
+"""Small inline-SVG charts: lines with event marks, stacked bars, a heatmap, a scatter.
 
 Hand-written so a report is one self-contained file of a few hundred KiB that opens
 offline; each chart carries its plot area in data-* attributes so the page's script
@@ -198,6 +198,58 @@ def line_chart(lines: Sequence[Line], data_id: str, *, x_label: str = "step",
                 continue
             path = " ".join(f"{x(a):.1f},{y(b):.1f}" for a, b in _decimate(seg))
             out.append(f'<polyline class="series" points="{path}" stroke="{ln.color}"{dash}/>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+@dataclass
+class Dot:
+    """One point of a scatter, labelled by its tooltip; `ring` draws it hollow and larger
+    (the chosen one)."""
+
+    x: float
+    y: float
+    label: str
+    color: str = PALETTE[0]
+    ring: bool = False
+
+
+def scatter(dots: Sequence[Dot], data_id: str, *, x_label: str, y_label: str,
+            log_x: bool = False, level: float | None = None, level_label: str = "") -> str:
+    """An SVG scatter of `dots` (each with its label beside it), with an optional dashed
+    horizontal `level` (a budget's bound)."""
+    dots = [d for d in dots if math.isfinite(d.x) and math.isfinite(d.y)
+            and (d.x > 0 or not log_x)]
+    if not dots:
+        return '<p class="empty">no points</p>'
+    xs, ys = [d.x for d in dots], [d.y for d in dots] + ([level] if level is not None else [])
+    pad = (max(ys) - min(ys)) * 0.08 or abs(max(ys)) * 0.05 or 1.0
+    x_lo, x_hi = min(xs), max(xs)
+    if not log_x:
+        x_pad = (x_hi - x_lo) * 0.08 or abs(x_hi) * 0.05 or 1.0
+        x_lo, x_hi = x_lo - x_pad, x_hi + x_pad
+    else:
+        x_lo, x_hi = x_lo / 1.3, x_hi * 1.3
+    x = _Scale(x_lo, x_hi, PAD_L, WIDTH - PAD_R, log=log_x)
+    y = _Scale(min(ys) - pad, max(ys) + pad, HEIGHT - PAD_B, PAD_T)
+    x_ticks = _log_ticks(x_lo, x_hi) if log_x else nice_ticks(x_lo, x_hi, 6)
+    out = [_open(data_id, x, f"{y_label} against {x_label}")]
+    out += _frame(x, y, x_ticks, nice_ticks(min(ys) - pad, max(ys) + pad), x_label, fmt)
+    out.append(f'<text class="label" x="{PAD_L + 4}" y="{PAD_T + 10}">{escape(y_label)}'
+               "</text>")
+    if level is not None:
+        py = y(level)
+        out.append(f'<line class="mark" x1="{PAD_L}" x2="{WIDTH - PAD_R}" y1="{py:.1f}" '
+                   f'y2="{py:.1f}" stroke="#d03b3b" stroke-dasharray="5 4"><title>'
+                   f'{escape(level_label)}</title></line>')
+    for d in dots:
+        px, py = x(d.x), y(d.y)
+        shape = (f'<circle class="dot chosen" cx="{px:.1f}" cy="{py:.1f}" r="7" fill="none" '
+                 f'stroke="{d.color}" stroke-width="2.5">' if d.ring else
+                 f'<circle class="dot" cx="{px:.1f}" cy="{py:.1f}" r="4" fill="{d.color}">')
+        out.append(f"{shape}<title>{escape(d.label)}</title></circle>"
+                   f'<text class="tick" x="{px + 8:.1f}" y="{py - 6:.1f}">{escape(d.label)}'
+                   "</text>")
     out.append("</svg>")
     return "".join(out)
 

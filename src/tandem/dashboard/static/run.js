@@ -227,6 +227,10 @@
   if (!document.getElementById("other").children.length) document.getElementById("other-section").hidden = true;
   if (!names.length) document.getElementById("curves").append(T.el("p", { class: "muted", text: "no metrics recorded yet" }));
   header(); eventsTable(); segmentsTable(); configCards();
+  if (d.compression) {  // server-rendered (escaped) SVG and tables: `tandem compress`'s trade-off
+    const box = document.getElementById("compression");
+    box.innerHTML = d.compression; box.hidden = false;
+  }
   T.ready();
   diagnose();
 
