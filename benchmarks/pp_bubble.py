@@ -5,8 +5,9 @@
 Each (schedule, m) trains the char-LM on two pipeline stages (`tandem run`, two
 processes, one thread each) with m micro-batches of 8 sequences a step. Per rank it
 prints the idle share measured (`pp/bubble`: 1 - the rank's forward and backward time
-over the schedule's step) and the one predicted from the schedule's action table and the
-measured per-stage costs (`pp/bubble_predicted`), medians over the logging windows after
+over the step's span, from the first stage's start to the drain's end) and the one
+predicted from the schedule's action table at the measured per-stage costs and the
+schedule's own time per action (`pp/bubble_predicted`), medians over the logging windows after
 the first, their difference in percentage points, and the textbook (p-1)/(m+p-1) for
 equal stages. The stages run on separate cores: a host with fewer free cores than stages
 measures time-sharing, not the schedule.

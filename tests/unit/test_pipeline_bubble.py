@@ -30,6 +30,17 @@ def test_a_slow_stage_sets_the_span() -> None:
     assert idle == pytest.approx([1 - m * (f0 + b0) / span, 1 - m * (f1 + b1) / span])
 
 
+@pytest.mark.parametrize("schedule", ["GPipe", "1F1B"])
+def test_the_schedules_own_time_lengthens_the_span_but_is_not_compute(schedule: str) -> None:
+    # Equal stages with o seconds of the schedule's own around each action: the span is
+    # the closed form's at f + o and b + o, and each rank computes only m(f + b) of it.
+    f, b, o, pp, m = 0.3, 0.7, 0.1, 2, 4
+    order = bubble.action_order(schedule, pp, 1, m)
+    idle = bubble.predicted_idle(order, [{"F": f, "B": b, "W": 0.0}] * pp, [o] * pp)
+    span = (m + pp - 1) * (f + b + 2 * o)
+    assert idle == pytest.approx([1 - m * (f + b) / span] * pp)
+
+
 def test_one_f_one_b_order_is_pytorchs() -> None:
     # Stage 0 of 2, 4 micro-batches: two forwards, then backward and forward in turn.
     assert [f"{k}{i}" for _, k, i in bubble.action_order("1F1B", 2, 1, 4)[0]] == \

@@ -133,7 +133,8 @@ PP_FORWARD_S = _metric("pp/forward_s", "s", "per step: the rank's stage forward 
 PP_BACKWARD_S = _metric("pp/backward_s", "s",
                         "per step: the rank's stage backward actions (input and weight)")
 PP_BUBBLE = _metric("pp/bubble", "fraction",
-                    "share of the schedule's step the rank's stages were idle (measured)")
+                    "share of the schedule's step (first start to the drain's end, over "
+                    "the stages) the rank's stages were idle (measured)")
 PP_BUBBLE_PREDICTED = _metric("pp/bubble_predicted", "fraction",
                               "the rank's idle share the schedule's action table predicts "
                               "from every stage's measured forward/backward costs")

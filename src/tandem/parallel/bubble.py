@@ -60,10 +60,16 @@ def _compute(row: Sequence[object]) -> list[Action]:
 
 
 def predicted_idle(order: Sequence[Sequence[Action]],
-                   costs: Sequence[Mapping[str, float]]) -> list[float]:
-    """Per rank, the share of the step's span it waits, with `costs[r]` the seconds of one
-    action of each kind ("F", "B", "W") on rank r."""
-    span, busy = replay(order, costs)
+                   costs: Sequence[Mapping[str, float]],
+                   overhead: Sequence[float] = ()) -> list[float]:
+    """Per rank, the share of the step's span it is not computing, with `costs[r]` the
+    seconds of one action of each kind ("F", "B", "W") on rank r and `overhead[r]` the
+    schedule's own seconds around each of its actions (posting sends and receives: they
+    delay the rank like work, but are not the model's compute)."""
+    extra = list(overhead) or [0.0] * len(order)
+    padded = [{k: v + extra[r] for k, v in c.items()} for r, c in enumerate(costs)]
+    span, _ = replay(order, padded)
+    _, busy = replay(order, costs)
     return [1.0 - b / span if span > 0 else 0.0 for b in busy]
 
 

@@ -107,7 +107,10 @@ class PipelineStrategy(Strategy):
         self.loss_of: LossOf | None = None
         self.batches: list[Any] = []  # the step's micro-batches
         self.stale = False  # the other stages' weights in `full` are older than theirs
-        self.times = {"F": 0.0, "B": 0.0, "W": 0.0, "step": 0.0, "steps": 0.0}
+        # Per window: compute actions (F, B, W), waits on sends and receives (P), the
+        # schedule's own span and the step's (to the drain's end).
+        self.times = {"F": 0.0, "B": 0.0, "W": 0.0, "P": 0.0, "schedule": 0.0, "step": 0.0,
+                      "steps": 0.0}
         self.phases = {"forward": 0.0, "backward": 0.0}  # for the step's phase clock
 
     # ------------------------------------------------------------ building
@@ -169,6 +172,9 @@ class PipelineStrategy(Strategy):
         self.schedule = cls(stages, **kwargs) if multi else cls(stages[0], **kwargs)
         self.stages, self.micro = stages, micro
         self.inferring = self.stage_count - 1 in self.mine
+
+    def _waited(self, seconds: float) -> None:
+        self.times["P"] += seconds
 
     def _add(self, kind: str, seconds: float) -> None:
         self.times[kind] += seconds
@@ -253,7 +259,7 @@ class PipelineStrategy(Strategy):
         self.loss_of, self.losses, self.batches = loss_of, [], batches
         first, last = 0 in self.mine, self.stage_count - 1 in self.mine
         started = time.perf_counter()
-        with self.watchdog.step():
+        with self.watchdog.step(), schedules.timed_waits(self._waited):
             for stage in self.stages:
                 stage.has_backward = True
                 stage.clear_runtime_states()
@@ -262,11 +268,14 @@ class PipelineStrategy(Strategy):
                 [k for _, k in inputs] if first else [{}] * self.micro,
                 [torch.tensor(k) for k in range(self.micro)] if last else None, None,
                 return_outputs=False)
-        self.times["step"] += time.perf_counter() - started
-        self.times["steps"] += 1
+        self.times["schedule"] += time.perf_counter() - started
         total = (torch.stack(self.losses).sum() if last
                  else torch.zeros((), device=self.runtime.device))
+        # The all-reduce ends when the last stage's last action has: a rank that finished
+        # its own actions waits there for the drain, which is part of its bubble.
         dist.all_reduce(total, group=self.pp_group)
+        self.times["step"] += time.perf_counter() - started
+        self.times["steps"] += 1
         self.stale = True
         return total
 
@@ -386,12 +395,22 @@ class PipelineStrategy(Strategy):
         self.times = dict.fromkeys(self.times, 0.0)
         if not (self.micro and t["steps"]):  # the same on every rank: they step together
             return {}
-        mine = [t["F"] / n, t["B"] / n, t["W"] / n]
-        seconds = [dict(zip("FBW", row, strict=True)) for row in self._gather(mine, self.pp_group)]
+        # The schedule's own time: neither an action nor a wait (posting sends and
+        # receives, its bookkeeping), spread over the rank's actions in the prediction.
+        own = max(0.0, t["schedule"] - t["F"] - t["B"] - t["W"] - t["P"]) / n
+        mine = [t["F"] / n, t["B"] / n, t["W"] / n, t["step"] / n, own]
+        rows = self._gather(mine, self.pp_group)
+        seconds = [dict(zip("FBW", row[:3], strict=True)) for row in rows]
         order = bubble.action_order(self.plan.pp_schedule, self.pp, self.plan.pp_virtual,
                                     self.micro)
-        predicted = bubble.predicted_idle(order, bubble.per_action_costs(order, seconds))
-        measured = max(0.0, 1.0 - sum(mine) * n / t["step"]) if t["step"] > 0 else 0.0
+        predicted = bubble.predicted_idle(order, bubble.per_action_costs(order, seconds),
+                                          [row[4] / max(len(o), 1)
+                                           for row, o in zip(rows, order, strict=True)])
+        # The step's span, as the prediction's: from the first stage's start (the rank
+        # that entered the step first) to the drain's end (every rank's clock stops after
+        # the same all-reduce).
+        span = max(row[3] for row in rows)
+        measured = max(0.0, 1.0 - sum(mine[:3]) / span) if span > 0 else 0.0
         every = self._gather([mine[0], mine[1] + mine[2], measured, predicted[self.pp_rank]])
         return {name: [row[i] for row in every] for i, name in enumerate(
             (PP_FORWARD_S, PP_BACKWARD_S, PP_BUBBLE, PP_BUBBLE_PREDICTED))}

@@ -138,3 +138,29 @@ def timed(fn: Callable, watchdog: Watchdog, label: Callable[[int], str],
         watchdog.mark(f"the wait after {label(chunk)} (receiving or sending)")
         return out
     return run
+
+
+@contextmanager
+def timed_waits(add: Callable[[float], None]) -> Iterator[None]:
+    """Report to `add` the seconds each wait on the schedule's sends and receives takes,
+    while the context lasts (PyTorch's schedules wait through one module function,
+    `_wait_batch_p2p`; where it is gone, nothing is reported)."""
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    wait = getattr(torch_schedules, "_wait_batch_p2p", None)
+    if wait is None:
+        yield
+        return
+
+    def waited(*args, **kwargs):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        try:
+            return wait(*args, **kwargs)
+        finally:
+            add(time.perf_counter() - start)
+
+    torch_schedules._wait_batch_p2p = waited
+    try:
+        yield
+    finally:
+        torch_schedules._wait_batch_p2p = wait
