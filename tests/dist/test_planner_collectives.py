@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tandem.parallel.fsdp import bytes_per_step
 from tandem.planner.layouts import fsdp_collectives, tp_collectives
 from tests.dist.procs import run_ranks
 
@@ -34,7 +35,7 @@ class Model(nn.Module):
         super().__init__()
         self.embed = nn.Linear(4, DIM)
         self.blocks = nn.ModuleList(Block() for _ in range(BLOCKS))
-        self.head = nn.Linear(DIM, 1)
+        self.head = nn.Linear(DIM, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
@@ -50,11 +51,17 @@ class Collectives(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.seen: Counter[str] = Counter()
+        self.gathered = 0  # bytes of the all-gathers' outputs
+        self.scattered = 0  # bytes of the reduce-scatters' inputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if func.namespace in ("c10d", "_c10d_functional") and not func.__name__.startswith(
                 ("wait_tensor", "_wrap_tensor_autograd")):
             self.seen[func.__name__] += 1
+            if func.__name__.startswith("_allgather_base_"):
+                self.gathered += args[0].numel() * args[0].element_size()
+            elif func.__name__.startswith("_reduce_scatter_base_"):
+                self.scattered += args[1].numel() * args[1].element_size()
         return func(*args, **(kwargs or {}))
 
 
@@ -75,7 +82,10 @@ def _fsdp_step() -> dict[str, int]:
     _step(model, model.set_requires_gradient_sync)  # lazy init, first gathers
     with Collectives() as counted:
         _step(model, model.set_requires_gradient_sync)
-    return dict(counted.seen)
+    world = dist.get_world_size()
+    sent = (world - 1) / world * (counted.gathered + counted.scattered)
+    return {**counted.seen, "sent": sent,
+            "formula": bytes_per_step(model, world, MICRO_BATCHES, True, None, None)}
 
 
 def _tp_step() -> dict[str, int]:
@@ -120,8 +130,12 @@ def _counted(step: object) -> dict[str, int]:
 
 def test_fsdp_step_runs_the_collectives_the_planner_prices() -> None:
     seen = _counted(_fsdp_step)
+    sent, formula = seen.pop("sent"), seen.pop("formula")
     # A unit per block, and the root holding the embedding and the head.
     assert sum(seen.values()) == fsdp_collectives(BLOCKS, True, MICRO_BATCHES), seen
+    # What the collectives moved (every size here splits evenly over 2 ranks: no padding)
+    # is what tandem reports as FSDP's bytes per step.
+    assert formula == sent
 
 
 def test_tensor_parallel_step_runs_the_all_reduces_the_planner_prices() -> None:

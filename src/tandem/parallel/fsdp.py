@@ -93,17 +93,24 @@ def bytes_per_step(model: nn.Module, world: int, accum: int, reshard_after_forwa
                    param_dtype: torch.dtype | None, reduce_dtype: torch.dtype | None) -> float:
     """Bytes one rank sends per optimizer step, from the sizes (ring collectives).
 
-    Each micro-batch all-gathers the parameters for forward, and again for backward when
-    they were resharded after forward; the gradients are reduce-scattered once per step
-    (accumulation keeps them unsharded until the last micro-batch). A ring all-gather or
-    reduce-scatter of B bytes sends (N - 1) / N x B from each rank.
+    Each micro-batch all-gathers the parameters for forward, and a unit's again for
+    backward when it was resharded after forward: FSDP2 never reshards the root's (the
+    parameters in no inner unit; a model with no inner unit is all root) between its
+    forward and backward. The gradients are reduce-scattered once per step (accumulation
+    keeps them unsharded until the last micro-batch). A ring all-gather or reduce-scatter
+    of B bytes sends (N - 1) / N x B from each rank.
     """
+    from torch.distributed.fsdp import FSDPModule
+
+    inner = {id(p) for unit in model.modules() if isinstance(unit, FSDPModule)
+             and unit is not model for p in unit.parameters()}
     params = list(model.parameters())
-    gathered = sum(p.numel() * (param_dtype or p.dtype).itemsize for p in params)
+    twice = 2 if reshard_after_forward else 1
+    gathered = sum(p.numel() * (param_dtype or p.dtype).itemsize
+                   * accum * (twice if id(p) in inner else 1) for p in params)
     reduced = sum(p.numel() * (reduce_dtype or param_dtype or p.dtype).itemsize
                   for p in params if p.requires_grad)
-    gathers = accum * (2 if reshard_after_forward else 1)
-    return (world - 1) / world * (gathered * gathers + reduced)
+    return (world - 1) / world * (gathered + reduced)
 
 
 DTYPES: dict[str, torch.dtype | None] = {

@@ -209,11 +209,12 @@ def _times(profile: ModelProfile, cut: list[list[Unit]], local: list[float],
     collectives = 0
     if layout.fsdp > 1:  # gathered for each micro-batch's forward and again for its backward
         f = (layout.fsdp - 1) / layout.fsdp
-        gathered = 2 * m * params * (2.0 if setting.bf16 else 4.0) * f
-        comm += (gathered + params * 4.0 * f) / shard_link
         stage = cut[largest]
+        root = sum(u.params for u in stage if not u.is_block)  # gathered once a micro-batch
+        gathered = m * (2 * (params - root) + root) * (2.0 if setting.bf16 else 4.0) * f
+        comm += (gathered + params * 4.0 * f) / shard_link
         collectives += fsdp_collectives(sum(1 for u in stage if u.is_block and u.params),
-                                        any(u.params for u in stage if not u.is_block), m)
+                                        root > 0, m)
     if layout.dp > 1:
         comm += 2 * (layout.dp - 1) / layout.dp * params / layout.fsdp * 4.0 / replica_link
         collectives += max(1, -(-int(params / layout.fsdp * 4.0) // DDP_BUCKET_BYTES))
